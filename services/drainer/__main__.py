@@ -1,0 +1,5 @@
+"""Entry point: `python -m services.drainer`."""
+
+from services.drainer import service
+
+raise SystemExit(service.main())

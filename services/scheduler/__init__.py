@@ -1,0 +1,3 @@
+"""The scheduler service. Decides which target nodes start work next, within budgets, and
+announces them.
+"""

@@ -1,0 +1,3 @@
+"""The validator service. Judges stage checks and node health, lifts readiness taints, serves
+admission.
+"""

@@ -1,0 +1,5 @@
+"""Entry point: `python -m services.validator`."""
+
+from services.validator import service
+
+raise SystemExit(service.main())

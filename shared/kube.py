@@ -1,0 +1,238 @@
+"""The Kubernetes API client every service uses: JSON in, JSON out.
+
+One ``kubernetes_asyncio`` ``ApiClient`` per process (one aiohttp session; creating a client
+per API object leaks connections) provides configuration, credentials and connection
+pooling. On top of it :class:`Kube` speaks plain JSON dictionaries to REST paths: no model
+classes, so custom resources, patches of every content type and watches all look the same,
+and nothing is deserialised twice. HTTP failures become :class:`ApiError` with the status
+code. List+watch caching and higher-level operations live with their callers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import quote
+
+from kubernetes_asyncio import client, config
+
+from shared.config import KubeSettings
+
+JSON = dict[str, Any]
+PatchKind = Literal["merge", "json", "strategic", "apply"]
+
+_PATCH_TYPES: dict[PatchKind, str] = {
+    "merge": "application/merge-patch+json",
+    "json": "application/json-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "apply": "application/apply-patch+yaml",
+}
+
+# Error bodies can be large (a whole rejected object); logs and messages keep this much.
+_MAX_ERROR_TEXT = 1024
+
+
+class ApiError(Exception):
+    """The API server refused a request; ``status`` is the HTTP code (0: no response)."""
+
+    def __init__(self, status: int, reason: str, message: str, body: JSON | None = None) -> None:
+        self.status = status
+        self.reason = reason
+        self.message = message[:_MAX_ERROR_TEXT]
+        self.body = body or {}
+        super().__init__(f"{status} {reason}: {self.message}")
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+    @property
+    def gone(self) -> bool:
+        return self.status == 410
+
+
+def path_of(
+    *,
+    group: str = "",
+    version: str = "v1",
+    plural: str,
+    namespace: str | None = None,
+    name: str | None = None,
+    subresource: str | None = None,
+) -> str:
+    """The REST path of a collection or object (names are URL-quoted)."""
+    base = f"/api/{version}" if not group else f"/apis/{group}/{version}"
+    if namespace:
+        base += f"/namespaces/{quote(namespace, safe='')}"
+    base += f"/{plural}"
+    if name:
+        base += f"/{quote(name, safe='')}"
+        if subresource:
+            base += f"/{subresource}"
+    return base
+
+
+@dataclass(frozen=True)
+class Kube:
+    api: client.ApiClient
+
+    async def ready(self) -> bool:
+        """True when the API server answers /readyz."""
+        await self.request("GET", "/readyz", raw=True)
+        return True
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str | int | bool] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout_s: float | None = None,
+    ) -> Any:
+        params = [
+            (k, str(v).lower() if isinstance(v, bool) else v) for k, v in (query or {}).items()
+        ]
+        return await self.api.call_api(
+            path,
+            method,
+            query_params=params,
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=timeout_s,
+        )
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str | int | bool] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout_s: float | None = 30.0,
+        raw: bool = False,
+    ) -> JSON:
+        """Send one request; return the decoded JSON object ({} for raw/non-JSON answers)."""
+        resp = await self._send(
+            method, path, query=query, body=body, content_type=content_type, timeout_s=timeout_s
+        )
+        try:
+            text = await resp.text()
+        finally:
+            resp.release()
+        if not 200 <= resp.status <= 299:
+            raise _error(resp.status, resp.reason or "", text)
+        if raw or not text:
+            return {}
+        decoded: JSON = json.loads(text)
+        return decoded
+
+    async def get(self, path: str, **query: str | int | bool) -> JSON:
+        return await self.request("GET", path, query=query)
+
+    async def create(self, path: str, body: JSON, **query: str | int | bool) -> JSON:
+        return await self.request("POST", path, body=body, query=query)
+
+    async def replace(self, path: str, body: JSON) -> JSON:
+        return await self.request("PUT", path, body=body)
+
+    async def patch(
+        self,
+        path: str,
+        body: Any,
+        *,
+        kind: PatchKind = "merge",
+        field_manager: str | None = None,
+        force: bool = False,
+    ) -> JSON:
+        query: dict[str, str | int | bool] = {}
+        if field_manager:
+            query["fieldManager"] = field_manager
+        if force:
+            query["force"] = True
+        return await self.request(
+            "PATCH", path, body=body, content_type=_PATCH_TYPES[kind], query=query
+        )
+
+    async def delete(self, path: str, body: JSON | None = None) -> JSON:
+        return await self.request("DELETE", path, body=body)
+
+    async def watch(
+        self,
+        path: str,
+        *,
+        resource_version: str,
+        timeout_s: int = 300,
+        **query: str | int | bool,
+    ) -> AsyncIterator[JSON]:
+        """Yield watch events ({"type", "object"}) from ``resource_version`` until the server
+        closes the stream (after ``timeout_s``). ERROR events raise ApiError (410: re-list)."""
+        params: dict[str, str | int | bool] = {
+            **query,
+            "watch": True,
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": True,
+            "timeoutSeconds": timeout_s,
+        }
+        resp = await self._send("GET", path, query=params, timeout_s=timeout_s + 30)
+        try:
+            if not 200 <= resp.status <= 299:
+                raise _error(resp.status, resp.reason or "", await resp.text())
+            while True:
+                line = await resp.content.readline()
+                if not line:
+                    return
+                if not line.strip():
+                    continue
+                event: JSON = json.loads(line)
+                if event.get("type") == "ERROR":
+                    status = event.get("object") or {}
+                    raise ApiError(
+                        int(status.get("code") or 0),
+                        str(status.get("reason") or ""),
+                        str(status.get("message") or ""),
+                        status,
+                    )
+                yield event
+        finally:
+            resp.release()
+
+
+def _error(status: int, reason: str, text: str) -> ApiError:
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return ApiError(status, reason, text)
+    if not isinstance(body, dict):
+        return ApiError(status, reason, text)
+    return ApiError(
+        status, str(body.get("reason") or reason), str(body.get("message") or text), body
+    )
+
+
+async def configuration(settings: KubeSettings) -> client.Configuration:
+    cfg = client.Configuration()
+    if settings.kubeconfig:
+        await config.load_kube_config(config_file=settings.kubeconfig, client_configuration=cfg)
+    else:
+        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    cfg.connection_pool_maxsize = settings.qps_burst
+    return cfg
+
+
+@contextlib.asynccontextmanager
+async def connect(settings: KubeSettings) -> AsyncIterator[Kube]:
+    cfg = await configuration(settings)
+    async with client.ApiClient(configuration=cfg) as api:
+        yield Kube(api)

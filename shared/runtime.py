@@ -1,0 +1,199 @@
+"""One supervisor per process: root tasks, signals, graceful shutdown, crash-only exit.
+
+A service builds its resources (NATS, API client, probe server) in one ``AsyncExitStack``
+via :func:`serve`, registers its root tasks, and hands control to :class:`Supervisor`. The
+supervisor runs until SIGTERM/SIGINT or until any root task ends: a root task that returns
+or raises is a crash, so the process exits non-zero and Kubernetes restarts it. On stop, the
+``stopping`` event is set first (consumers stop fetching), in-flight work gets
+``graceful_timeout_s``, then the rest is cancelled. A last-resort timer hard-exits a process
+whose loop is wedged. What each root task does is not this module's business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from shared import bus, config, health, kube, logging as logging_
+from shared.config import ServiceSettings
+
+RootTask = Callable[[], Coroutine[Any, Any, None]]
+
+_log = logging.getLogger("nodewright.runtime")
+
+# Extra time after the graceful period before the hard exit; covers slow cleanup of clients.
+_ULTIMATE_MARGIN_S = 10.0
+
+
+def utcnow() -> datetime:
+    """The clock passed into cores; tests pass their own."""
+    return datetime.now(UTC)
+
+
+class Supervisor:
+    """Runs named root tasks until a stop is requested or one of them ends."""
+
+    def __init__(self, *, name: str, graceful_timeout_s: float) -> None:
+        self.name = name
+        self.graceful_timeout_s = graceful_timeout_s
+        self.stopping = asyncio.Event()
+        self._tasks: dict[str, RootTask] = {}
+        self._reason = ""
+
+    def add(self, name: str, task: RootTask) -> None:
+        """Register a root task; it must run until cancelled or until ``stopping`` is set."""
+        if name in self._tasks:
+            raise ValueError(f"root task {name!r} registered twice")
+        self._tasks[name] = task
+
+    def request_stop(self, reason: str) -> None:
+        if not self.stopping.is_set():
+            self._reason = reason
+            _log.info("Stopping service", extra={"reason": reason})
+            self.stopping.set()
+
+    async def run(self) -> int:
+        """Run until stopped; return the process exit code (0 after a clean stop)."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop, sig.name)
+        tasks = {asyncio.create_task(fn(), name=name): name for name, fn in self._tasks.items()}
+        stop_wait: asyncio.Task[Any] = asyncio.create_task(self._wait_stop(), name="stop-flag")
+        exit_code = 0
+        try:
+            done, _ = await asyncio.wait([*tasks, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task in tasks:
+                    exit_code = 1
+                    self._report_crash(tasks[task], task)
+            self.request_stop(self._reason or "root task ended")
+            timer = self._arm_ultimate_exit()
+            try:
+                pending = [t for t in tasks if not t.done()]
+                if pending:
+                    _, still = await asyncio.wait(pending, timeout=self.graceful_timeout_s)
+                    for task in still:
+                        _log.warning("Cancelled root task", extra={"task": tasks[task]})
+                        task.cancel()
+                    await asyncio.gather(*still, return_exceptions=True)
+                for task, name in tasks.items():
+                    if task not in done and not task.cancelled() and task.exception() is not None:
+                        exit_code = 1
+                        self._report_crash(name, task)
+            finally:
+                timer.cancel()
+        finally:
+            stop_wait.cancel()
+            await asyncio.gather(stop_wait, return_exceptions=True)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+        _log.info("Stopped service", extra={"exit_code": exit_code})
+        return exit_code
+
+    async def _wait_stop(self) -> None:
+        await self.stopping.wait()
+
+    @staticmethod
+    def _report_crash(name: str, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            _log.error("Root task was cancelled unexpectedly", extra={"task": name})
+            return
+        exc = task.exception()
+        if exc is None:
+            _log.error("Root task finished unexpectedly", extra={"task": name})
+        else:
+            _log.error("Root task failed", extra={"task": name}, exc_info=exc)
+
+    def _arm_ultimate_exit(self) -> threading.Timer:
+        # A thread, not loop.call_later: the point is to fire when the loop itself is stuck.
+        timer = threading.Timer(self.graceful_timeout_s + _ULTIMATE_MARGIN_S, os._exit, args=(2,))
+        timer.daemon = True
+        timer.start()
+        return timer
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceContext:
+    """The immutable bag of dependencies a service's shell receives."""
+
+    name: str
+    identity: str
+    settings: ServiceSettings
+    bus: bus.Bus
+    kube: kube.Kube
+    registry: CollectorRegistry
+    supervisor: Supervisor
+    health_port: int
+    clock: Callable[[], datetime] = utcnow
+
+
+Builder = Callable[[ServiceContext], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def _context(*, name: str, settings: ServiceSettings) -> AsyncIterator[ServiceContext]:
+    identity = settings.identity or f"{socket.gethostname()}-{os.getpid()}"
+    registry = CollectorRegistry()
+    supervisor = Supervisor(name=name, graceful_timeout_s=settings.graceful_timeout_s)
+    probes = health.Probes()
+    async with contextlib.AsyncExitStack() as stack:
+        nats_bus = await stack.enter_async_context(
+            bus.connect(settings.nats, name=f"{name}/{identity}", stopping=supervisor.stopping)
+        )
+        api = await stack.enter_async_context(kube.connect(settings.kube))
+        probes.add("nats", nats_bus.ready)
+        probes.add("kube", api.ready)
+        port = await stack.enter_async_context(
+            health.serve(settings.health, probes=probes, registry=registry)
+        )
+        yield ServiceContext(
+            name=name,
+            identity=identity,
+            settings=settings,
+            bus=nats_bus,
+            kube=api,
+            registry=registry,
+            supervisor=supervisor,
+            health_port=port,
+        )
+
+
+async def serve(*, name: str, settings: ServiceSettings, build: Builder) -> int:
+    """Open the service's resources, let ``build`` register root tasks, run to the end."""
+    async with _context(name=name, settings=settings) as ctx:
+        await build(ctx)
+        _log.info(
+            "Started service",
+            extra={"identity": ctx.identity, "health_port": ctx.health_port},
+        )
+        return await ctx.supervisor.run()
+
+
+def main(
+    *,
+    name: str,
+    settings_type: type[ServiceSettings],
+    build: Builder,
+    environ: Mapping[str, str],
+) -> int:
+    """Process entry point shared by the services: decode config once, log, serve."""
+    try:
+        settings = config.load(settings_type, environ)
+    except config.ConfigError as exc:
+        # Logging is not configured yet (the level is part of the config): plain stderr.
+        print(f"{name}: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    logging_.configure(service=name, level=settings.log_level)
+    return asyncio.run(serve(name=name, settings=settings, build=build))
