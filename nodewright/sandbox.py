@@ -18,6 +18,7 @@ from typing import Any
 from kubernetes_asyncio import client, config
 
 from nodewright.rig import Rig, RigError, nodes
+from shared.kube import Kube
 
 GPU_LABELS = {"nodepool": "gpu", "nvidia.com/gpu.present": "true"}
 CPU_LABELS = {"nodepool": "cpu"}
@@ -40,7 +41,8 @@ async def _populate(rig: Rig, gpu: int, cpu: int) -> None:
     await config.load_kube_config(
         config_file=str(rig.endpoints.kubeconfig), client_configuration=cfg
     )
-    async with client.ApiClient(configuration=cfg) as api:
+    async with client.ApiClient(configuration=cfg) as raw:
+        api = Kube(raw)
         names = await nodes.create_nodes(
             api, [f"gpu-node-{i:03d}" for i in range(gpu)], labels=GPU_LABELS
         )

@@ -328,11 +328,13 @@ class Rig:
                 f"--token-auth-file={tokens}",
                 "--authorization-mode=Node,RBAC",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={certs.sa_key}",
+                f"--service-account-key-file={certs.sa_pub}",
                 f"--service-account-signing-key-file={certs.sa_key}",
                 "--service-cluster-ip-range=10.96.0.0/16",
                 "--allow-privileged=true",
-                "--disable-admission-plugins=ServiceAccount",
+                # No ServiceAccount controller tokens, and no node lifecycle controller to lift the
+                # not-ready taint TaintNodesByCondition would put on every new node.
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
                 "--endpoint-reconciler-type=none",
                 "--enable-priority-and-fairness=false",
                 "--max-requests-inflight=0",
@@ -377,6 +379,7 @@ class Rig:
             f"--authentication-kubeconfig={kc}",
             f"--authorization-kubeconfig={kc}",
             "--leader-elect=false",
+            "--authentication-skip-lookup=true",
             "--bind-address=127.0.0.1",
             f"--secure-port={port}",
             f"--cert-dir={self.dir / 'pki'}",

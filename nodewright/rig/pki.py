@@ -24,6 +24,7 @@ class Pki:
     serving_cert: Path
     serving_key: Path
     sa_key: Path
+    sa_pub: Path
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -118,12 +119,25 @@ def write(directory: Path) -> Pki:
         serving_cert=directory / "apiserver.crt",
         serving_key=directory / "apiserver.key",
         sa_key=directory / "sa.key",
+        sa_pub=directory / "sa.pub",
     )
     pki.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     pki.ca_key.write_bytes(_key_pem(ca_key))
     pki.serving_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     pki.serving_key.write_bytes(_key_pem(key))
-    pki.sa_key.write_bytes(_key_pem(sa_key))
+    # kube-apiserver reads SEC1 ("EC PRIVATE KEY") signing keys and public keys in PEM.
+    pki.sa_key.write_bytes(
+        sa_key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+    )
+    pki.sa_pub.write_bytes(
+        sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
     for path in (pki.ca_key, pki.serving_key, pki.sa_key):
         path.chmod(0o600)
     return pki

@@ -1,0 +1,132 @@
+"""The reconcile runtime every service shell is built from.
+
+A :class:`Controller` owns one keyed work queue and feeds it from three directions, so a
+lost, duplicated or reordered event can never leave work undone:
+
+- informers (list+watch caches of Nodes, NodeWrights, pods ...) map each change to keys;
+- JetStream consumers map each event to keys and ack only after a reconcile of those keys
+  that started after the event arrived has finished (the side effect happened);
+- a periodic resync enqueues every key the service is responsible for.
+
+The service supplies ``reconcile(key) -> requeue_after | None`` (the thin shell around its
+pure core) and the key mappings. Keys are ``(cr, node)`` pairs for per-node work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from shared import events, streaming
+from shared.informer import Informer, OnChange, wait_synced
+from shared.kube import JSON
+from shared.runtime import ServiceContext
+from shared.workqueue import WorkQueue
+
+K = TypeVar("K", bound=Hashable)
+
+_log = logging.getLogger("nodewright.controller")
+
+NodeKey = tuple[str, str]
+"""(NodeWright name, node name)."""
+
+
+@dataclass
+class Controller(Generic[K]):
+    ctx: ServiceContext
+    name: str
+    reconcile: Callable[[K], Awaitable[float | None]]
+    all_keys: Callable[[], Iterable[K]]
+    """Every key this service is responsible for now (used by the periodic resync)."""
+    workers: int = 8
+    queue: WorkQueue[K] = field(init=False)
+    informers: list[Informer] = field(default_factory=list)
+    consumers: list[streaming.Consumer] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.queue = WorkQueue(self.name)
+
+    def watch(
+        self,
+        path: str,
+        *,
+        to_keys: Callable[[JSON | None, JSON | None], Iterable[K]],
+        label_selector: str = "",
+        field_selector: str = "",
+        name: str = "",
+        also: OnChange | None = None,
+    ) -> Informer:
+        """Keep a cache of ``path`` and enqueue the keys each change maps to."""
+
+        def on_change(old: JSON | None, new: JSON | None) -> None:
+            if also is not None:
+                also(old, new)
+            for key in to_keys(old, new):
+                self.queue.add(key)
+
+        informer = Informer(
+            kube=self.ctx.kube,
+            path=path,
+            on_change=on_change,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            resync_s=self.ctx.settings.resync_interval_s * 5,
+            name=name or path,
+        )
+        self.informers.append(informer)
+        return informer
+
+    def consume(
+        self,
+        spec: streaming.ConsumerSpec,
+        to_keys: Callable[[events.AnyEvent], Iterable[K]],
+    ) -> None:
+        """Reconcile the keys named by each event on ``spec``'s subjects; ack afterwards."""
+
+        async def handle(event: events.AnyEvent, _: streaming.Delivery) -> streaming.Outcome:
+            keys = list(to_keys(event))
+            if not keys:
+                return streaming.Ack()
+            results = await asyncio.gather(*(self.queue.reconcile_now(k) for k in keys))
+            if all(results):
+                return streaming.Ack()
+            return streaming.Retry(why="reconcile failed; it is retried with backoff", delay_s=5.0)
+
+        self.consumers.append(
+            streaming.Consumer(
+                bus=self.ctx.bus,
+                spec=spec,
+                handler=handle,
+                service=self.ctx.name,
+                stopping=self.ctx.supervisor.stopping,
+                registry=self.ctx.registry,
+            )
+        )
+
+    def register(self) -> None:
+        """Add the controller's root tasks to the service's supervisor."""
+        sup = self.ctx.supervisor
+        for informer in self.informers:
+            sup.add(f"informer:{informer.name}", informer.run)
+        sup.add(f"queue:{self.name}", self._run_queue)
+        sup.add(f"resync:{self.name}", self._resync)
+        for consumer in self.consumers:
+            sup.add(f"consumer:{consumer.spec.durable}", consumer.run)
+
+    async def synced(self) -> None:
+        await wait_synced(*self.informers, timeout_s=3600)
+
+    async def _run_queue(self) -> None:
+        # Reconciling from a half-filled cache would take wrong decisions (e.g. budgets).
+        await self.synced()
+        await self.queue.run(self.reconcile, workers=self.workers)
+
+    async def _resync(self) -> None:
+        await self.synced()
+        while True:
+            for key in self.all_keys():
+                self.queue.add(key)
+            await asyncio.sleep(self.ctx.settings.resync_interval_s)

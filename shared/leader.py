@@ -1,0 +1,139 @@
+"""Leader election on a coordination.k8s.io Lease, for work only one replica may do.
+
+The scheduler admits nodes against budgets; two replicas admitting at once could exceed a
+budget, so only the lease holder acts while the others stand by. The lease is taken when it
+is free or expired, renewed every ``duration/3`` with optimistic concurrency (a 409 means
+someone else won), and given up on shutdown so a standby takes over at once. A holder that
+dies stops renewing and its lease expires after ``duration``. What the leader does is the
+caller's business: it reads :attr:`LeaderElector.is_leader` and ``became_leader``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from shared.kube import ApiError, Kube, path_of
+
+_log = logging.getLogger("nodewright.leader")
+
+
+def _fmt(ts: datetime) -> str:
+    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+@dataclass
+class LeaderElector:
+    kube: Kube
+    namespace: str
+    name: str
+    identity: str
+    duration_s: float = 15.0
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    is_leader: bool = False
+    became_leader: asyncio.Event = field(default_factory=asyncio.Event)
+    lost_leadership: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def _path(self) -> str:
+        return path_of(
+            group="coordination.k8s.io", plural="leases", namespace=self.namespace, name=self.name
+        )
+
+    async def run(self) -> None:
+        """Campaign and renew until cancelled; release the lease on the way out."""
+        try:
+            while True:
+                try:
+                    held = await self._try_acquire_or_renew()
+                except ApiError as exc:
+                    _log.warning(
+                        "Failed to update Lease", extra={"lease": self.name, "error": str(exc)}
+                    )
+                    held = False
+                self._set(held)
+                await asyncio.sleep(self.duration_s / 3 if held else self.duration_s / 5)
+        finally:
+            if self.is_leader:
+                await asyncio.shield(self._release())
+
+    def _set(self, held: bool) -> None:
+        if held and not self.is_leader:
+            _log.info("Acquired leadership", extra={"lease": self.name, "identity": self.identity})
+            self.lost_leadership.clear()
+            self.became_leader.set()
+        elif not held and self.is_leader:
+            _log.warning("Lost leadership", extra={"lease": self.name, "identity": self.identity})
+            self.became_leader.clear()
+            self.lost_leadership.set()
+        self.is_leader = held
+
+    async def _try_acquire_or_renew(self) -> bool:
+        now = self.clock()
+        spec = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": int(self.duration_s),
+            "renewTime": _fmt(now),
+        }
+        try:
+            lease = await self.kube.get(self._path)
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": {**spec, "acquireTime": _fmt(now), "leaseTransitions": 0},
+            }
+            try:
+                await self.kube.create(
+                    path_of(group="coordination.k8s.io", plural="leases", namespace=self.namespace),
+                    body,
+                )
+            except ApiError as create_exc:
+                if create_exc.conflict:
+                    return False
+                raise
+            return True
+        current = lease.get("spec") or {}
+        holder = current.get("holderIdentity") or ""
+        renewed = _parse(current.get("renewTime")) or datetime.min.replace(tzinfo=UTC)
+        expires = renewed + timedelta(seconds=float(current.get("leaseDurationSeconds") or 0))
+        if holder and holder != self.identity and expires > now:
+            return False
+        new_spec = dict(current)
+        new_spec.update(spec)
+        if holder != self.identity:
+            new_spec["acquireTime"] = _fmt(now)
+            new_spec["leaseTransitions"] = int(current.get("leaseTransitions") or 0) + 1
+        lease["spec"] = new_spec
+        try:
+            await self.kube.replace(self._path, lease)  # resourceVersion in body: optimistic lock
+        except ApiError as exc:
+            if exc.conflict:
+                return False
+            raise
+        return True
+
+    async def _release(self) -> None:
+        try:
+            lease = await self.kube.get(self._path)
+            if (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+                return
+            lease["spec"]["holderIdentity"] = ""
+            lease["spec"]["renewTime"] = _fmt(self.clock() - timedelta(seconds=self.duration_s))
+            await self.kube.replace(self._path, lease)
+            _log.info("Released leadership", extra={"lease": self.name})
+        except ApiError as exc:
+            _log.warning("Failed to release Lease", extra={"lease": self.name, "error": str(exc)})
+        self.is_leader = False

@@ -1,0 +1,349 @@
+"""JetStream plumbing: the event stream, publishing with dedupe, and the consume loop.
+
+- :func:`ensure_stream` creates or updates the one stream (file storage, limits retention) that
+  keeps every event replayable; any replica of any service may call it.
+- :class:`Publisher` publishes an event with ``Nats-Msg-Id`` = its deterministic id and
+  retries while JetStream has no responder (a restart or leader election): nats-py does not.
+- :func:`consume` runs a durable pull consumer with explicit AckWait, MaxDeliver, BackOff and
+  MaxAckPending. The handler decides, the loop acts and logs once: ``Ack``; ``Retry`` -> nak
+  with delay (dead-lettered once MaxDeliver is reached); ``Reject`` -> term and dead-letter.
+  A payload that does not decode is dead-lettered at once and never reaches the handler.
+  The loop re-binds the consumer after errors, because nats-py pull subscriptions do not
+  recover from a server restart by themselves.
+
+What an event means is the handler's business, not this module's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from prometheus_client import CollectorRegistry, Counter
+
+from shared import events, subjects
+from shared.bus import Bus
+from shared.config import NatsSettings
+
+_log = logging.getLogger("nodewright.streaming")
+
+HEADER_ERROR = "Nodewright-Error"
+HEADER_SUBJECT = "Nodewright-Original-Subject"
+HEADER_SEQUENCE = "Nodewright-Original-Sequence"
+HEADER_DELIVERIES = "Nodewright-Deliveries"
+
+_PUBLISH_ATTEMPTS = 8
+_REBIND_BACKOFF_MAX_S = 10.0
+
+
+def stream_config(settings: NatsSettings) -> StreamConfig:
+    return StreamConfig(
+        name=settings.stream,
+        subjects=[subjects.ALL],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.OLD,
+        max_age=settings.stream_max_age_s,
+        duplicate_window=settings.duplicate_window_s,
+        num_replicas=settings.stream_replicas,
+    )
+
+
+async def ensure_stream(js: JetStreamContext, settings: NatsSettings) -> None:
+    """Create the event stream, or update it to ``settings``; safe to race with other replicas."""
+    config = stream_config(settings)
+    try:
+        await js.stream_info(settings.stream)
+    except nats.js.errors.NotFoundError:
+        try:
+            await js.add_stream(config)
+            return
+        except nats.js.errors.BadRequestError:
+            pass  # another replica created it between our two calls
+    await js.update_stream(config)
+
+
+class Publisher:
+    """Publishes events with dedupe and retries through JetStream outages."""
+
+    def __init__(self, bus: Bus, *, source: str, registry: CollectorRegistry | None = None) -> None:
+        self._js = bus.js
+        self._stream = bus.settings.stream
+        self.source = source
+        self._published = Counter(
+            "nodewright_events_published",
+            "Events published, by kind and whether JetStream reported a duplicate",
+            ["kind", "duplicate"],
+            registry=registry,
+        )
+
+    async def publish(self, event: events.Event) -> bool:
+        """Publish ``event``; return False when JetStream had it already (a duplicate)."""
+        payload = events.encode(event)
+        headers = {"Nats-Msg-Id": event.id}
+        delay = 0.1
+        for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
+            try:
+                ack = await self._js.publish(
+                    event.subject, payload, stream=self._stream, headers=headers, timeout=5
+                )
+            except (
+                nats.js.errors.NoStreamResponseError,
+                nats.errors.TimeoutError,
+                nats.errors.ConnectionReconnectingError,
+                nats.js.errors.ServiceUnavailableError,
+            ):
+                if attempt == _PUBLISH_ATTEMPTS:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            self._published.labels(event.kind, str(bool(ack.duplicate)).lower()).inc()
+            return not ack.duplicate
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+# ---- consuming ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ack:
+    """Done: the side effect happened (or was not needed)."""
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A temporary problem: redeliver after ``delay_s``."""
+
+    why: str
+    delay_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class Reject:
+    """A permanent problem with this message: never redeliver; dead-letter it."""
+
+    why: str
+
+
+Outcome = Ack | Retry | Reject
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What the handler may want to know about the message besides the event."""
+
+    subject: str
+    stream_sequence: int
+    deliveries: int
+
+
+Handler = Callable[[events.AnyEvent, Delivery], Awaitable[Outcome]]
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    """A durable pull consumer. Field defaults are deliberate; see each docstring."""
+
+    durable: str
+    filter_subjects: tuple[str, ...]
+    ack_wait_s: float = 60.0
+    """How long a delivery may stay un-acked; handlers wait on Kubernetes calls, keep it long."""
+    max_deliver: int = 10
+    """Deliveries before a message is dead-lettered; never unbounded (-1 hides poison)."""
+    backoff_s: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
+    """Redelivery delays after ack timeouts; must be shorter than max_deliver (server rule)."""
+    max_ack_pending: int = 256
+    """In-flight messages per consumer; at the limit the server silently stops delivering."""
+    batch: int = 32
+    concurrency: int = 16
+    deliver_new_only: bool = False
+    """Start a brand-new durable at the stream's end instead of replaying history."""
+
+    def config(self) -> ConsumerConfig:
+        return ConsumerConfig(
+            durable_name=self.durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait_s,
+            max_deliver=self.max_deliver,
+            backoff=list(self.backoff_s),
+            max_ack_pending=self.max_ack_pending,
+            filter_subjects=list(self.filter_subjects),
+            deliver_policy=DeliverPolicy.NEW if self.deliver_new_only else DeliverPolicy.ALL,
+        )
+
+
+@dataclass
+class _Metrics:
+    handled: Counter
+    dead: Counter
+
+    @classmethod
+    def make(cls, registry: CollectorRegistry | None) -> _Metrics:
+        return cls(
+            handled=Counter(
+                "nodewright_events_handled",
+                "Events handled, by consumer, kind and outcome",
+                ["consumer", "kind", "outcome"],
+                registry=registry,
+            ),
+            dead=Counter(
+                "nodewright_events_dead_lettered",
+                "Messages copied to the dead-letter subject, by consumer",
+                ["consumer"],
+                registry=registry,
+            ),
+        )
+
+
+@dataclass
+class Consumer:
+    """One durable consumer's loop; run :meth:`run` as a root task."""
+
+    bus: Bus
+    spec: ConsumerSpec
+    handler: Handler
+    service: str
+    stopping: asyncio.Event
+    registry: CollectorRegistry | None = None
+    _metrics: _Metrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._metrics = _Metrics.make(self.registry)
+
+    async def run(self) -> None:
+        delay = 0.2
+        while not self.stopping.is_set():
+            try:
+                await ensure_stream(self.bus.js, self.bus.settings)
+                await self.bus.js.add_consumer(self.bus.settings.stream, self.spec.config())
+                sub = await self.bus.js.pull_subscribe_bind(
+                    durable=self.spec.durable, stream=self.bus.settings.stream
+                )
+                delay = 0.2
+                await self._pull(sub)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self.stopping.is_set():
+                    return
+                _log.warning(
+                    "Re-binding JetStream consumer",
+                    extra={"consumer": self.spec.durable, "error": repr(exc), "retry_s": delay},
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), delay)
+                delay = min(delay * 2, _REBIND_BACKOFF_MAX_S)
+
+    async def _pull(self, sub: JetStreamContext.PullSubscription) -> None:
+        sem = asyncio.Semaphore(self.spec.concurrency)
+        inflight: set[asyncio.Task[None]] = set()
+        try:
+            while not self.stopping.is_set():
+                try:
+                    msgs = await sub.fetch(self.spec.batch, timeout=1.0)
+                except nats.errors.TimeoutError:
+                    continue
+                for msg in msgs:
+                    await sem.acquire()
+                    task = asyncio.create_task(self._handle(msg), name="event-handler")
+                    inflight.add(task)
+                    task.add_done_callback(inflight.discard)
+                    task.add_done_callback(lambda _: sem.release())
+        finally:
+            # Let in-flight handlers finish: their side effects are done or about to be acked.
+            if inflight:
+                await asyncio.gather(*inflight, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def _handle(self, msg: Msg) -> None:
+        meta = msg.metadata
+        delivery = Delivery(
+            subject=msg.subject,
+            stream_sequence=meta.sequence.stream,
+            deliveries=meta.num_delivered,
+        )
+        log_extra = {
+            "consumer": self.spec.durable,
+            "subject": msg.subject,
+            "stream_seq": delivery.stream_sequence,
+            "attempt": delivery.deliveries,
+        }
+        try:
+            event = events.decode(msg.data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            _log.error("Dead-lettered malformed event", extra={**log_extra, "error": str(exc)})
+            await self._dead_letter(msg, delivery, f"malformed event: {exc}")
+            await msg.term()
+            self._metrics.handled.labels(self.spec.durable, "malformed", "rejected").inc()
+            return
+        kind = event.kind
+        try:
+            outcome = await self.handler(event, delivery)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # An unexpected error is treated as temporary: the state is in Kubernetes, and a
+            # later delivery (or the resync) can succeed. MaxDeliver bounds the retries.
+            _log.exception("Failed to handle event", extra={**log_extra, "kind": kind})
+            outcome = Retry(why=repr(exc), delay_s=5.0)
+        match outcome:
+            case Ack():
+                await msg.ack()
+                self._metrics.handled.labels(self.spec.durable, kind, "acked").inc()
+            case Retry(why=why, delay_s=delay_s):
+                if delivery.deliveries >= self.spec.max_deliver:
+                    _log.error(
+                        "Dead-lettered event after retries",
+                        extra={**log_extra, "kind": kind, "why": why},
+                    )
+                    await self._dead_letter(msg, delivery, f"gave up after retries: {why}")
+                    await msg.term()
+                    self._metrics.handled.labels(self.spec.durable, kind, "dead").inc()
+                else:
+                    _log.info(
+                        "Retrying event later",
+                        extra={**log_extra, "kind": kind, "why": why, "delay_s": delay_s},
+                    )
+                    await msg.nak(delay=delay_s)
+                    self._metrics.handled.labels(self.spec.durable, kind, "retried").inc()
+            case Reject(why=why):
+                _log.error("Rejected event", extra={**log_extra, "kind": kind, "why": why})
+                await self._dead_letter(msg, delivery, why)
+                await msg.term()
+                self._metrics.handled.labels(self.spec.durable, kind, "rejected").inc()
+
+    async def _dead_letter(self, msg: Msg, delivery: Delivery, why: str) -> None:
+        headers = {
+            "Nats-Msg-Id": f"dlq/{self.spec.durable}/{delivery.stream_sequence}",
+            HEADER_ERROR: why[:1024],
+            HEADER_SUBJECT: msg.subject,
+            HEADER_SEQUENCE: str(delivery.stream_sequence),
+            HEADER_DELIVERIES: str(delivery.deliveries),
+        }
+        await self.bus.js.publish(
+            subjects.dead_letter(self.service),
+            msg.data,
+            stream=self.bus.settings.stream,
+            headers=headers,
+            timeout=5,
+        )
+        self._metrics.dead.labels(self.spec.durable).inc()

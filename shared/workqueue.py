@@ -1,0 +1,154 @@
+"""A keyed work queue for level-based reconcilers, in the spirit of client-go's workqueue.
+
+- A key is processed by at most one worker at a time; adding a key that is already queued
+  does nothing, and adding one that is being processed marks it to run once more afterwards.
+  So a burst of events about one node becomes one or two reconciles, never a parallel pair.
+- ``add(key, after=s)`` schedules a later run (RequeueAfter); the earliest requested time wins.
+- A reconcile that raises is retried with per-key exponential backoff (capped); a success
+  resets the backoff.
+- ``reconcile_now(key)`` queues the key and waits until a reconcile of it that *started after
+  the call* has finished, returning whether it succeeded: event consumers use it to ack a
+  message only after the side effect happened.
+
+What a reconcile does is the caller's business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+_log = logging.getLogger("nodewright.workqueue")
+
+Reconcile = Callable[[K], Awaitable[float | None]]
+"""Returns seconds until the key should be looked at again, or None."""
+
+
+@dataclass
+class _Waiter:
+    future: asyncio.Future[bool]
+    after_round: int
+
+
+@dataclass
+class WorkQueue(Generic[K]):
+    name: str
+    base_backoff_s: float = 0.5
+    max_backoff_s: float = 60.0
+    _ready: asyncio.Queue[K] = field(default_factory=asyncio.Queue)
+    _queued: set[K] = field(default_factory=set)
+    _active: set[K] = field(default_factory=set)
+    _dirty: set[K] = field(default_factory=set)
+    _timers: list[tuple[float, int, K]] = field(default_factory=list)
+    _timer_seq: int = 0
+    _timer_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    _failures: dict[K, int] = field(default_factory=dict)
+    _rounds: dict[K, int] = field(default_factory=dict)
+    _waiters: dict[K, list[_Waiter]] = field(default_factory=dict)
+
+    def add(self, key: K, *, after: float = 0.0) -> None:
+        if after > 0:
+            self._timer_seq += 1
+            heapq.heappush(self._timers, (time.monotonic() + after, self._timer_seq, key))
+            self._timer_wakeup.set()
+            return
+        if key in self._active:
+            self._dirty.add(key)
+            return
+        if key in self._queued:
+            return
+        self._queued.add(key)
+        self._ready.put_nowait(key)
+
+    def __len__(self) -> int:
+        return len(self._queued) + len(self._active)
+
+    async def reconcile_now(self, key: K) -> bool:
+        """Queue ``key`` and wait for a reconcile that starts after now; True if it succeeded."""
+        loop = asyncio.get_running_loop()
+        # A round already running started before this call: only a later one counts.
+        waiter = _Waiter(future=loop.create_future(), after_round=self._rounds.get(key, 0))
+        self._waiters.setdefault(key, []).append(waiter)
+        self.add(key)
+        return await waiter.future
+
+    async def run(self, reconcile: Reconcile[K], *, workers: int = 4) -> None:
+        """Process keys until cancelled."""
+        tasks = [asyncio.create_task(self._timer_loop(), name=f"{self.name}-timers")]
+        tasks += [
+            asyncio.create_task(self._worker(reconcile), name=f"{self.name}-worker-{i}")
+            for i in range(workers)
+        ]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _timer_loop(self) -> None:
+        while True:
+            now = time.monotonic()
+            while self._timers and self._timers[0][0] <= now:
+                _, _, key = heapq.heappop(self._timers)
+                self.add(key)
+            self._timer_wakeup.clear()
+            timeout = self._timers[0][0] - now if self._timers else None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._timer_wakeup.wait(), timeout)
+
+    async def _worker(self, reconcile: Reconcile[K]) -> None:
+        while True:
+            key = await self._ready.get()
+            self._queued.discard(key)
+            self._active.add(key)
+            round_no = self._rounds.get(key, 0) + 1
+            self._rounds[key] = round_no
+            ok = False
+            try:
+                requeue = await reconcile(key)
+                ok = True
+                self._failures.pop(key, None)
+                if requeue is not None:
+                    self.add(key, after=max(requeue, 0.001))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                failures = self._failures.get(key, 0) + 1
+                self._failures[key] = failures
+                delay = min(self.base_backoff_s * 2 ** (failures - 1), self.max_backoff_s)
+                _log.exception(
+                    "Failed to reconcile",
+                    extra={"queue": self.name, "key": str(key), "retry_s": delay},
+                )
+                self.add(key, after=delay)
+            finally:
+                self._active.discard(key)
+                self._wake_waiters(key, round_no, ok)
+                if key in self._dirty:
+                    self._dirty.discard(key)
+                    self.add(key)
+
+    def _wake_waiters(self, key: K, round_no: int, ok: bool) -> None:
+        waiters = self._waiters.get(key)
+        if not waiters:
+            return
+        keep = []
+        for waiter in waiters:
+            if round_no > waiter.after_round:
+                if not waiter.future.done():
+                    waiter.future.set_result(ok)
+            else:
+                keep.append(waiter)
+        if keep:
+            self._waiters[key] = keep
+        else:
+            del self._waiters[key]

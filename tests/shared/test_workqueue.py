@@ -1,0 +1,91 @@
+"""The keyed work queue serialises each key, coalesces bursts and retries failures."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+from shared.workqueue import WorkQueue
+
+
+async def _running(
+    queue: WorkQueue[str], reconcile: object, workers: int = 4
+) -> asyncio.Task[None]:
+    return asyncio.create_task(queue.run(reconcile, workers=workers))  # type: ignore[arg-type]
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_key_never_runs_twice_at_once_and_bursts_coalesce() -> None:
+    queue: WorkQueue[str] = WorkQueue("t")
+    active: set[str] = set()
+    overlaps = 0
+    runs: Counter[str] = Counter()
+
+    async def reconcile(key: str) -> None:
+        nonlocal overlaps
+        if key in active:
+            overlaps += 1
+        active.add(key)
+        runs[key] += 1
+        await asyncio.sleep(0.05)
+        active.discard(key)
+
+    task = await _running(queue, reconcile)
+    for _ in range(50):
+        queue.add("a")
+        queue.add("b")
+        await asyncio.sleep(0.002)
+    await asyncio.sleep(0.3)
+    await _stop(task)
+    assert overlaps == 0
+    # 50 adds over ~0.1 s, each run 0.05 s: a handful of runs, not fifty.
+    assert 1 <= runs["a"] <= 6
+    assert 1 <= runs["b"] <= 6
+
+
+async def test_reconcile_now_waits_for_a_run_that_started_after_the_call() -> None:
+    queue: WorkQueue[str] = WorkQueue("t")
+    seen: list[int] = []
+    gate = asyncio.Event()
+    value = 0
+
+    async def reconcile(key: str) -> None:
+        seen.append(value)
+        await gate.wait()
+
+    task = await _running(queue, reconcile)
+    queue.add("k")
+    await asyncio.sleep(0.01)  # the first run is now in progress and saw value 0
+    value = 1
+    waiting = asyncio.create_task(queue.reconcile_now("k"))
+    await asyncio.sleep(0.01)
+    assert not waiting.done(), "the run in progress started before the call and does not count"
+    gate.set()
+    assert await waiting is True
+    assert seen == [0, 1]
+    await _stop(task)
+
+
+async def test_failures_are_retried_with_backoff_and_requeue_after_is_honoured() -> None:
+    queue: WorkQueue[str] = WorkQueue("t", base_backoff_s=0.01)
+    calls: Counter[str] = Counter()
+
+    async def reconcile(key: str) -> float | None:
+        calls[key] += 1
+        if key == "flaky" and calls[key] < 3:
+            raise RuntimeError("temporary")
+        if key == "later" and calls[key] == 1:
+            return 0.05
+        return None
+
+    task = await _running(queue, reconcile)
+    assert await queue.reconcile_now("flaky") is False
+    queue.add("later")
+    await asyncio.sleep(0.2)
+    await _stop(task)
+    assert calls["flaky"] == 3
+    assert calls["later"] == 2
