@@ -1,0 +1,191 @@
+"""The JetStream plumbing against a real nats-server: dedupe, ack decisions, dead letters,
+and recovery from a server restart."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import nats
+import pytest
+from nats.aio.msg import Msg
+
+from nodewright.rig import Rig
+from shared import events, streaming, subjects
+from shared.bus import Bus
+from shared.config import NatsSettings
+from tests.helpers.waiting import eventually
+
+
+@pytest.fixture
+async def bus(rig: Rig) -> AsyncIterator[Bus]:
+    settings = NatsSettings(url=rig.endpoints.nats_url, stream=f"T{uuid.uuid4().hex[:10].upper()}")
+    nc = await nats.connect(settings.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    the_bus = Bus(nc=nc, js=nc.jetstream(), settings=settings)
+    await streaming.ensure_stream(the_bus.js, settings)
+    try:
+        yield the_bus
+    finally:
+        await the_bus.js.delete_stream(settings.stream)
+        await nc.close()
+
+
+def _selected(
+    cr: str = "gpu.tuning", node: str = "node-1.example", n: int = 1
+) -> events.NodeSelected:
+    return events.NodeSelected(
+        id=events.event_id(cr, 1, node, "node.selected", n),
+        at=datetime.now(UTC),
+        cr=cr,
+        generation=1,
+        node=node,
+        compartment="default",
+        batch=n,
+        disruptive=True,
+    )
+
+
+async def _run(consumer: streaming.Consumer) -> asyncio.Task[None]:
+    return asyncio.create_task(consumer.run())
+
+
+async def _stop(consumer: streaming.Consumer, task: asyncio.Task[None]) -> None:
+    consumer.stopping.set()
+    await asyncio.wait_for(task, 15)
+
+
+async def test_a_republished_event_is_stored_once_and_names_with_dots_survive(bus: Bus) -> None:
+    publisher = streaming.Publisher(bus, source="test")
+    event = _selected()
+    assert await publisher.publish(event) is True
+    assert await publisher.publish(event) is False, "same id: JetStream reports a duplicate"
+    info = await bus.js.stream_info(bus.settings.stream)
+    assert info.state.messages == 1
+    assert event.subject == "nw.ev.gpu%2Etuning.node-1%2Eexample.node.selected"
+    address = subjects.parse(event.subject)
+    assert address == subjects.Address(cr="gpu.tuning", node="node-1.example", kind="node.selected")
+
+
+async def test_handler_outcomes_ack_retry_and_dead_letter(bus: Bus) -> None:
+    publisher = streaming.Publisher(bus, source="test")
+    seen: list[tuple[int, int]] = []
+
+    async def handler(event: events.AnyEvent, delivery: streaming.Delivery) -> streaming.Outcome:
+        assert isinstance(event, events.NodeSelected)
+        seen.append((event.batch, delivery.deliveries))
+        if event.batch == 1:
+            return streaming.Ack()
+        if event.batch == 2 and delivery.deliveries < 2:
+            return streaming.Retry(why="not yet", delay_s=0.2)
+        if event.batch == 2:
+            return streaming.Ack()
+        if event.batch == 3:
+            return streaming.Reject(why="permanently wrong")
+        return streaming.Retry(why="never works", delay_s=0.1)
+
+    consumer = streaming.Consumer(
+        bus=bus,
+        spec=streaming.ConsumerSpec(
+            durable="outcomes",
+            filter_subjects=(subjects.kind_filter("node.selected"),),
+            max_deliver=3,
+            backoff_s=(0.5, 0.5),
+        ),
+        handler=handler,
+        service="tester",
+        stopping=asyncio.Event(),
+    )
+    task = await _run(consumer)
+    for n in (1, 2, 3, 4):
+        await publisher.publish(_selected(n=n))
+
+    dlq = await bus.js.pull_subscribe(
+        subjects.dead_letter("tester"), durable="dlq-reader", stream=bus.settings.stream
+    )
+
+    async def dead_letters() -> list[Msg]:
+        try:
+            return await dlq.fetch(10, timeout=1)
+        except nats.errors.TimeoutError:
+            return []
+
+    got = await eventually(dead_letters, timeout_s=30, what="dead letters")
+    more = await dead_letters()
+    letters = {m.headers[streaming.HEADER_ERROR] if m.headers else "" for m in [*got, *more]}
+    await _stop(consumer, task)
+    assert (1, 1) in seen
+    assert (2, 1) in seen
+    assert (2, 2) in seen, "a retried event comes back"
+    assert [d for b, d in seen if b == 3] == [1], "a rejected event is never redelivered"
+    assert [d for b, d in seen if b == 4] == [1, 2, 3], "retries stop at max_deliver"
+    assert letters == {"permanently wrong", "gave up after retries: never works"}
+
+
+async def test_a_malformed_payload_is_dead_lettered_and_the_consumer_keeps_going(bus: Bus) -> None:
+    handled: list[int] = []
+
+    async def handler(event: events.AnyEvent, delivery: streaming.Delivery) -> streaming.Outcome:
+        assert isinstance(event, events.NodeSelected)
+        handled.append(event.batch)
+        return streaming.Ack()
+
+    consumer = streaming.Consumer(
+        bus=bus,
+        spec=streaming.ConsumerSpec(
+            durable="malformed", filter_subjects=(subjects.kind_filter("node.selected"),)
+        ),
+        handler=handler,
+        service="tester2",
+        stopping=asyncio.Event(),
+    )
+    task = await _run(consumer)
+    subject = subjects.event(cr="x", node="n", kind="node.selected")
+    await bus.js.publish(subject, b"{not json", stream=bus.settings.stream)
+    await bus.js.publish(subject, b'{"kind":"node.selected","id":"x"}', stream=bus.settings.stream)
+    await streaming.Publisher(bus, source="t").publish(_selected(n=7))
+
+    async def handled_seven() -> bool:
+        return 7 in handled
+
+    await eventually(handled_seven, what="the good event after two bad ones")
+    dlq = await bus.js.pull_subscribe(
+        subjects.dead_letter("tester2"), durable="r", stream=bus.settings.stream
+    )
+    msgs = await dlq.fetch(2, timeout=5)
+    await _stop(consumer, task)
+    assert [m.data for m in msgs] == [b"{not json", b'{"kind":"node.selected","id":"x"}']
+    assert all(m.headers and m.headers[streaming.HEADER_SUBJECT] == subject for m in msgs)
+    assert handled == [7]
+
+
+async def test_the_consumer_recovers_after_a_nats_server_restart(rig: Rig, bus: Bus) -> None:
+    handled: list[int] = []
+
+    async def handler(event: events.AnyEvent, delivery: streaming.Delivery) -> streaming.Outcome:
+        assert isinstance(event, events.NodeSelected)
+        handled.append(event.batch)
+        return streaming.Ack()
+
+    consumer = streaming.Consumer(
+        bus=bus,
+        spec=streaming.ConsumerSpec(
+            durable="restart", filter_subjects=(subjects.kind_filter("node.selected"),)
+        ),
+        handler=handler,
+        service="tester3",
+        stopping=asyncio.Event(),
+    )
+    task = await _run(consumer)
+    publisher = streaming.Publisher(bus, source="t")
+    await publisher.publish(_selected(n=1))
+    await eventually(lambda: _contains(handled, 1), what="event before the restart")
+    rig.restart_nats()
+    await publisher.publish(_selected(n=2))  # retries until JetStream answers again
+    await eventually(lambda: _contains(handled, 2), timeout_s=60, what="event after the restart")
+    await _stop(consumer, task)
+
+
+async def _contains(items: list[int], value: int) -> bool:
+    return value in items
