@@ -58,6 +58,21 @@ class HealthSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     """Port for the probe and metrics server; 0 picks a free port (tests)."""
 
 
+class PodSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How services that run NodeWright pods on nodes (executor, validator) build them."""
+
+    agent_image: str = "ghcr.io/nvidia/nodewright/agent:0.1.0"
+    """Image of the on-node agent that runs package steps and checks (python -m agent)."""
+    image_pull_grace_s: Seconds = 120.0
+    """How long a pod may fail to pull its image before its stage fails (ImagePullFailed):
+    long enough to ride out a registry blip, short enough not to look stuck."""
+    simulate: bool = False
+    """Simulated nodes (kwok): pods carry kwok stage annotations derived from the node's
+    sim.nodewright.nvidia.com/* annotations instead of running anything."""
+    sim_stage_duration: str = "1s"
+    """With simulate: how long a simulated pod runs (Go duration)."""
+
+
 class ServiceSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Settings every service has. Services subclass this and add their own groups."""
 
@@ -72,6 +87,8 @@ class ServiceSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=T
     """Full re-read of Kubernetes state, so a lost event delays work by at most this much."""
     identity: str = ""
     """This replica's name (the pod name in-cluster); defaults to hostname-pid."""
+    namespace: str = "nodewright-system"
+    """Namespace of NodeWright's own objects: package pods, ConfigMaps, Leases, Events."""
 
 
 T = TypeVar("T", bound=ServiceSettings)

@@ -20,9 +20,9 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from shared import events, streaming
-from shared.informer import Informer, OnChange, wait_synced
-from shared.kube import JSON
+from shared import events, pods, streaming
+from shared.informer import Informer, OnChange, key_of, wait_synced
+from shared.kube import JSON, ApiError, Kube, path_of
 from shared.runtime import ServiceContext
 from shared.workqueue import WorkQueue
 
@@ -111,10 +111,10 @@ class Controller(Generic[K]):
         sup = self.ctx.supervisor
         for informer in self.informers:
             sup.add(f"informer:{informer.name}", informer.run)
-        sup.add(f"queue:{self.name}", self._run_queue)
+        sup.add(f"queue:{self.name}", self._run_queue, graceful=True)
         sup.add(f"resync:{self.name}", self._resync)
         for consumer in self.consumers:
-            sup.add(f"consumer:{consumer.spec.durable}", consumer.run)
+            sup.add(f"consumer:{consumer.spec.durable}", consumer.run, graceful=True)
 
     async def synced(self) -> None:
         await wait_synced(*self.informers, timeout_s=3600)
@@ -122,7 +122,9 @@ class Controller(Generic[K]):
     async def _run_queue(self) -> None:
         # Reconciling from a half-filled cache would take wrong decisions (e.g. budgets).
         await self.synced()
-        await self.queue.run(self.reconcile, workers=self.workers)
+        await self.queue.run(
+            self.reconcile, workers=self.workers, stopping=self.ctx.supervisor.stopping
+        )
 
     async def _resync(self) -> None:
         await self.synced()
@@ -130,3 +132,53 @@ class Controller(Generic[K]):
             for key in self.all_keys():
                 self.queue.add(key)
             await asyncio.sleep(self.ctx.settings.resync_interval_s)
+
+
+class PodIndex:
+    """NodeWright pods by (cr, node), kept up to date from a pod informer's changes."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[NodeKey, set[str]] = {}
+
+    def keys(self) -> set[NodeKey]:
+        return set(self._by_key)
+
+    def names(self, key: NodeKey) -> list[str]:
+        """Informer keys (namespace/name) of the pods of ``key``, sorted."""
+        return sorted(self._by_key.get(key, ()))
+
+    @staticmethod
+    def key_of_pod(obj: JSON) -> NodeKey | None:
+        view = pods.view(obj)
+        return (view.cr, view.node) if view.cr and view.node else None
+
+    def to_keys(self, old: JSON | None, new: JSON | None) -> list[NodeKey]:
+        key = self.key_of_pod(new or old or {})
+        return [key] if key else []
+
+    def on_change(self, old: JSON | None, new: JSON | None) -> None:
+        obj = new or old
+        key = self.key_of_pod(obj) if obj else None
+        if obj is None or key is None:
+            return
+        if new is None:
+            names = self._by_key.get(key, set())
+            names.discard(key_of(obj))
+            if not names:
+                self._by_key.pop(key, None)
+        else:
+            self._by_key.setdefault(key, set()).add(key_of(obj))
+
+
+async def patch_node(kube: Kube, nodes: Informer, name: str, body: JSON) -> bool:
+    """Merge-patch a node (``body`` normally carries a resourceVersion precondition) and
+    write the result through to the cache. False when the node changed or is gone: the
+    caller re-decides on fresh data."""
+    try:
+        updated = await kube.patch(path_of(plural="nodes", name=name), body)
+    except ApiError as exc:
+        if exc.conflict or exc.not_found:
+            return False
+        raise
+    nodes.observe(updated)
+    return True

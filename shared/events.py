@@ -15,7 +15,7 @@ of an event comes from ``shared.subjects``. This module does no I/O.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Final
+from typing import Annotated, Any, Final
 
 import msgspec
 
@@ -213,3 +213,33 @@ def encode(event: Event) -> bytes:
 def event_id(*parts: object) -> str:
     """A deterministic event id from the facts that identify it."""
     return "/".join(str(p) for p in parts)
+
+
+class Emitter:
+    """Collects events a pure core decides to publish about one (CR, node) pair."""
+
+    def __init__(
+        self, *, cr: str, generation: int, node: str | None, now: datetime, source: str
+    ) -> None:
+        self.cr, self.generation, self.node, self.now, self.source = (
+            cr,
+            generation,
+            node,
+            now,
+            source,
+        )
+        self.events: list[Event] = []
+
+    def emit(self, cls: type[Event], *facts: object, **fields: Any) -> None:
+        """Queue an event of ``cls``; ``facts`` identify it (they make its deterministic id)."""
+        self.events.append(
+            cls(
+                id=event_id(self.cr, self.node, *facts),
+                at=self.now,
+                cr=self.cr,
+                generation=self.generation,
+                node=self.node,
+                source=self.source,
+                **fields,
+            )
+        )

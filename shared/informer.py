@@ -65,6 +65,17 @@ class Informer:
     def get(self, key: str) -> JSON | None:
         return self.store.get(key)
 
+    def observe(self, obj: JSON) -> None:
+        """Write-through: store an object this process just wrote, unless the cache already
+        holds a newer version. Without it, a decision right after a write would read the
+        pre-write object until the watch catches up (e.g. count a budget slot as free)."""
+        obj = self.transform(obj)
+        key = key_of(obj)
+        old = self.store.get(key)
+        if old is not None and _newer_or_same(old, obj):
+            return
+        self.store[key] = obj
+
     def values(self) -> list[JSON]:
         return list(self.store.values())
 
@@ -141,6 +152,8 @@ class Informer:
                 self._emit(old, None)
             else:
                 old = self.store.get(key)
+                if old is not None and _rv_of(old) != _rv_of(obj) and _newer_or_same(old, obj):
+                    continue  # a write-through already stored a newer version
                 self.store[key] = obj
                 self._emit(old, obj)
 
@@ -151,6 +164,15 @@ class Informer:
             self.on_change(old, new)
         except Exception:
             _log.exception("Informer handler failed", extra={"informer": self.name or self.path})
+
+
+def _newer_or_same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    # resourceVersions are opaque, but every API server in practice uses etcd revisions
+    # (integers); when they are not integers the write wins.
+    try:
+        return int(_rv_of(a)) >= int(_rv_of(b))
+    except ValueError:
+        return False
 
 
 def _rv_of(obj: Mapping[str, Any]) -> str:

@@ -168,6 +168,25 @@ class Kube:
     async def delete(self, path: str, body: JSON | None = None) -> JSON:
         return await self.request("DELETE", path, body=body)
 
+    async def create_if_absent(self, path: str, body: JSON) -> JSON | None:
+        """Create; None when an object of that name exists already (deterministic names)."""
+        try:
+            return await self.create(path, body)
+        except ApiError as exc:
+            if exc.conflict:
+                return None
+            raise
+
+    async def delete_if_present(self, path: str) -> bool:
+        """Delete; False when it was gone already."""
+        try:
+            await self.delete(path)
+        except ApiError as exc:
+            if exc.not_found:
+                return False
+            raise
+        return True
+
     async def watch(
         self,
         path: str,

@@ -76,6 +76,7 @@ class DrainRecord(_Record, frozen=True, kw_only=True, omit_defaults=True):
 
 
 StageState = Literal["running", "succeeded", "failed"]
+Cycle = Literal["install", "upgrade", "config", "uninstall"]
 
 
 class PackageRecord(_Record, frozen=True, kw_only=True, omit_defaults=True):
@@ -91,11 +92,12 @@ class PackageRecord(_Record, frozen=True, kw_only=True, omit_defaults=True):
     """Digest of the configMap content last applied."""
     previous: str = ""
     """The version before an upgrade started (passed to upgrade steps)."""
-    cycle: Literal["install", "upgrade", "config", "uninstall"] = "install"
+    cycle: Cycle = "install"
     """What the current run of stages does: apply, upgrade, re-configure, or uninstall."""
-    needs_interrupt: bool = False
-    """Decided when the cycle started: the package's interrupt (install/upgrade) or a
-    configInterrupt matching the changed keys (config)."""
+    interrupt: str = ""
+    """The interrupt type this cycle needs ("" none), decided when the cycle started: the
+    package's interrupt (install/upgrade) or the configInterrupts matching changed keys."""
+    interrupt_services: tuple[str, ...] = ()
     config_keys: dict[str, str] = {}
     """Per configMap key, the digest of the content last applied (to find changed keys)."""
     reason: Reason | None = None
@@ -170,10 +172,19 @@ def read(node: Mapping[str, Any], owner: str, cr: str, record: type[R]) -> R | N
     return msgspec.json.decode(raw, type=record)
 
 
-def patch(owner: str, cr: str, record: _Record | None) -> dict[str, Any]:
-    """A merge patch setting (or, with None, removing) the owner's record for ``cr``."""
+def patch(
+    owner: str, cr: str, record: _Record | None, *, resource_version: str = ""
+) -> dict[str, Any]:
+    """A merge patch setting (or, with None, removing) the owner's record for ``cr``.
+
+    With ``resource_version`` the patch only applies to that version of the node (409
+    Conflict otherwise): a decision taken on a stale view is never written.
+    """
     value = None if record is None else msgspec.json.encode(record).decode()
-    return {"metadata": {"annotations": {key(owner, cr): value}}}
+    meta: dict[str, Any] = {"annotations": {key(owner, cr): value}}
+    if resource_version:
+        meta["resourceVersion"] = resource_version
+    return {"metadata": meta}
 
 
 def crs_with(node: Mapping[str, Any], owner: str) -> list[str]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from shared.events import ObjectRef, Reason
 from shared.nodestate import DOMAIN
 
 LABEL_CR = f"{DOMAIN}/nodewright"
@@ -53,6 +54,11 @@ def labels(*, cr: str, role: Role, package: str, stage: str) -> dict[str, str]:
         LABEL_PACKAGE: package or "-",
         LABEL_STAGE: stage,
     }
+
+
+def selector(*roles: Role) -> str:
+    """Label selector of NodeWright pods with the given roles."""
+    return f"{LABEL_MANAGED}={MANAGED_BY},{LABEL_ROLE} in ({','.join(roles)})"
 
 
 @dataclass(frozen=True)
@@ -126,4 +132,25 @@ def view(pod: Mapping[str, Any]) -> PodView:
         exit_code=exit_code,
         message=message,
         image=image,
+    )
+
+
+def pods_kind_ref(pod: PodView) -> ObjectRef:
+    """An event/reason reference to a NodeWright pod (namespace filled by the reader)."""
+    return ObjectRef(kind="Pod", name=pod.name)
+
+
+def image_pull_failure(pod: PodView, *, now: datetime, grace_s: float) -> Reason | None:
+    """A reason when ``pod`` has not been able to pull its image for ``grace_s`` seconds."""
+    if not pod.image_pull_failed:
+        return None
+    age = (now - pod.created).total_seconds() if pod.created else 0.0
+    if age < grace_s:
+        return None
+    text = f"cannot pull image {pod.image}: {pod.waiting_reason}: {pod.waiting_message}"
+    return Reason(
+        code="ImagePullFailed",
+        message=text[:512],
+        objects=(pods_kind_ref(pod),),
+        details={"image": pod.image, "waitingReason": pod.waiting_reason},
     )

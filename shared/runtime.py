@@ -50,13 +50,21 @@ class Supervisor:
         self.graceful_timeout_s = graceful_timeout_s
         self.stopping = asyncio.Event()
         self._tasks: dict[str, RootTask] = {}
+        self._graceful: set[str] = set()
         self._reason = ""
 
-    def add(self, name: str, task: RootTask) -> None:
-        """Register a root task; it must run until cancelled or until ``stopping`` is set."""
+    def add(self, name: str, task: RootTask, *, graceful: bool = False) -> None:
+        """Register a root task that runs until cancelled.
+
+        ``graceful`` tasks watch ``stopping`` and finish their in-flight work by themselves
+        (consumers, work queues); they get ``graceful_timeout_s`` before being cancelled.
+        Other tasks (caches, timers, elections) are cancelled as soon as the stop begins.
+        """
         if name in self._tasks:
             raise ValueError(f"root task {name!r} registered twice")
         self._tasks[name] = task
+        if graceful:
+            self._graceful.add(name)
 
     def request_stop(self, reason: str) -> None:
         if not self.stopping.is_set():
@@ -81,6 +89,9 @@ class Supervisor:
             self.request_stop(self._reason or "root task ended")
             timer = self._arm_ultimate_exit()
             try:
+                for task, name in tasks.items():
+                    if name not in self._graceful and not task.done():
+                        task.cancel()
                 pending = [t for t in tasks if not t.done()]
                 if pending:
                     _, still = await asyncio.wait(pending, timeout=self.graceful_timeout_s)

@@ -259,8 +259,8 @@ class Consumer:
             while not self.stopping.is_set():
                 try:
                     msgs = await sub.fetch(self.spec.batch, timeout=1.0)
-                except nats.errors.TimeoutError:
-                    continue
+                except (nats.errors.TimeoutError, TimeoutError):
+                    continue  # nothing to fetch in this round
                 for msg in msgs:
                     await sem.acquire()
                     task = asyncio.create_task(self._handle(msg), name="event-handler")

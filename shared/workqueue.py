@@ -53,6 +53,8 @@ class WorkQueue(Generic[K]):
     _failures: dict[K, int] = field(default_factory=dict)
     _rounds: dict[K, int] = field(default_factory=dict)
     _waiters: dict[K, list[_Waiter]] = field(default_factory=dict)
+    _closing: bool = False
+    _working: set[asyncio.Task[None]] = field(default_factory=set)
 
     def add(self, key: K, *, after: float = 0.0) -> None:
         if after > 0:
@@ -80,15 +82,31 @@ class WorkQueue(Generic[K]):
         self.add(key)
         return await waiter.future
 
-    async def run(self, reconcile: Reconcile[K], *, workers: int = 4) -> None:
-        """Process keys until cancelled."""
+    async def run(
+        self,
+        reconcile: Reconcile[K],
+        *,
+        workers: int = 4,
+        stopping: asyncio.Event | None = None,
+    ) -> None:
+        """Process keys until cancelled, or until ``stopping`` is set: then the reconciles in
+        progress finish and no new one starts."""
         tasks = [asyncio.create_task(self._timer_loop(), name=f"{self.name}-timers")]
-        tasks += [
+        workers_ = [
             asyncio.create_task(self._worker(reconcile), name=f"{self.name}-worker-{i}")
             for i in range(workers)
         ]
+        tasks += workers_
         try:
-            await asyncio.gather(*tasks)
+            if stopping is None:
+                await asyncio.gather(*tasks)
+            else:
+                await stopping.wait()
+                self._closing = True
+                idle = [w for w, busy in self._busy_workers(workers_) if not busy]
+                for w in idle:
+                    w.cancel()
+                await asyncio.gather(*workers_, return_exceptions=True)
         finally:
             for task in tasks:
                 task.cancel()
@@ -105,9 +123,17 @@ class WorkQueue(Generic[K]):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._timer_wakeup.wait(), timeout)
 
+    def _busy_workers(
+        self, workers: list[asyncio.Task[None]]
+    ) -> list[tuple[asyncio.Task[None], bool]]:
+        return [(w, w in self._working) for w in workers]
+
     async def _worker(self, reconcile: Reconcile[K]) -> None:
-        while True:
+        me = asyncio.current_task()
+        assert me is not None
+        while not self._closing:
             key = await self._ready.get()
+            self._working.add(me)
             self._queued.discard(key)
             self._active.add(key)
             round_no = self._rounds.get(key, 0) + 1
@@ -131,6 +157,7 @@ class WorkQueue(Generic[K]):
                 )
                 self.add(key, after=delay)
             finally:
+                self._working.discard(me)
                 self._active.discard(key)
                 self._wake_waiters(key, round_no, ok)
                 if key in self._dirty:

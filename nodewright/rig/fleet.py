@@ -1,0 +1,174 @@
+"""The five NodeWright services as real processes against the rig.
+
+Used by the sandbox, the end-to-end tests and the benchmark: each service replica runs as
+``python -m services.<name>`` with its environment pointing at the rig, its own health port
+and a log file in the rig's directory. Replicas can be killed (SIGKILL, to test crash
+recovery), restarted and scaled. Processes are stopped by pid, never by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nodewright.rig import Rig, RigError, _tail, free_port
+
+SERVICES = ("scheduler", "drainer", "executor", "validator", "status")
+
+
+@dataclass
+class Replica:
+    service: str
+    index: int
+    popen: subprocess.Popen[bytes]
+    log: Path
+    health_port: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.service}-{self.index}"
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def ready(self) -> bool:
+        try:
+            url = f"http://127.0.0.1:{self.health_port}/readyz"
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    def rss_bytes(self) -> int:
+        """Resident set size now (Linux /proc), 0 if the process is gone."""
+        try:
+            for line in Path(f"/proc/{self.popen.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            return 0
+        return 0
+
+    def peak_rss_bytes(self) -> int:
+        try:
+            for line in Path(f"/proc/{self.popen.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            return 0
+        return 0
+
+
+@dataclass
+class Fleet:
+    rig: Rig
+    namespace: str = "nodewright-system"
+    simulate: bool = True
+    extra_env: dict[str, str] = field(default_factory=dict)
+    replicas: dict[str, list[Replica]] = field(default_factory=dict)
+    _next_index: dict[str, int] = field(default_factory=dict)
+
+    def env(self, service: str, index: int, health_port: int) -> dict[str, str]:
+        env = {
+            **os.environ,
+            **self.rig.env(),
+            "NODEWRIGHT_NAMESPACE": self.namespace,
+            "NODEWRIGHT_HEALTH_HOST": "127.0.0.1",
+            "NODEWRIGHT_HEALTH_PORT": str(health_port),
+            "NODEWRIGHT_IDENTITY": f"{service}-{index}",
+            **self.extra_env,
+        }
+        if self.simulate and service in ("executor", "validator"):
+            env["NODEWRIGHT_PODS_SIMULATE"] = "true"
+        # Only the settings each service knows may be set: unknown NODEWRIGHT_* is an error.
+        if service not in ("executor", "validator"):
+            env = {k: v for k, v in env.items() if not k.startswith("NODEWRIGHT_PODS_")}
+        return env
+
+    def start(self, service: str, *, count: int = 1, wait: bool = True) -> list[Replica]:
+        started = []
+        for _ in range(count):
+            index = self._next_index.get(service, 0)
+            self._next_index[service] = index + 1
+            port = free_port()
+            log = self.rig.dir / f"{service}-{index}.log"
+            with log.open("ab") as out:
+                popen = subprocess.Popen(
+                    [sys.executable, "-m", f"services.{service}"],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    env=self.env(service, index, port),
+                )
+            replica = Replica(service=service, index=index, popen=popen, log=log, health_port=port)
+            self.replicas.setdefault(service, []).append(replica)
+            started.append(replica)
+        if wait:
+            for replica in started:
+                self.wait_ready(replica)
+        return started
+
+    def start_all(self, *, replicas: int = 1) -> None:
+        for service in SERVICES:
+            self.start(service, count=replicas, wait=False)
+        for reps in self.replicas.values():
+            for replica in reps:
+                self.wait_ready(replica)
+
+    def wait_ready(self, replica: Replica, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not replica.alive():
+                raise RigError(
+                    replica.name, f"exited with code {replica.popen.returncode}", _tail(replica.log)
+                )
+            if replica.ready():
+                return
+            time.sleep(0.1)
+        raise RigError(replica.name, f"not ready after {timeout_s:.0f}s", _tail(replica.log))
+
+    def kill(self, service: str, index: int = 0) -> Replica:
+        """SIGKILL one replica (no graceful shutdown: a crash)."""
+        replica = next(r for r in self.replicas[service] if r.index == index or index < 0)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(replica.popen.pid, signal.SIGKILL)
+        replica.popen.wait()
+        self.replicas[service].remove(replica)
+        return replica
+
+    def check_alive(self) -> None:
+        for reps in self.replicas.values():
+            for replica in reps:
+                if not replica.alive():
+                    raise RigError(
+                        replica.name,
+                        f"exited with code {replica.popen.returncode}",
+                        _tail(replica.log),
+                    )
+
+    def stop(self, timeout_s: float = 30.0) -> dict[str, int]:
+        """SIGTERM every replica, wait, SIGKILL stragglers; return exit codes by name."""
+        codes: dict[str, int] = {}
+        everything = [r for reps in self.replicas.values() for r in reps]
+        for replica in everything:
+            if replica.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(replica.popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for replica in everything:
+            try:
+                codes[replica.name] = replica.popen.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(replica.popen.pid, signal.SIGKILL)
+                codes[replica.name] = replica.popen.wait()
+        self.replicas.clear()
+        return codes
