@@ -1,7 +1,8 @@
 """The ``nodewright`` command line.
 
 Subcommands:
-  sandbox   start a local control plane, NATS and simulated nodes, and keep them running.
+  sandbox   run NodeWright locally on simulated nodes, with a live view of a rollout.
+  events    follow the event stream, decoded.
 
 Each subcommand lives in its own module; this one only parses arguments and dispatches.
 """
@@ -12,7 +13,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from nodewright import sandbox
+from nodewright import events_cmd, sandbox
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sandbox.add_parser(sub)
+    events_cmd.add_parser(sub)
     return parser
 
 

@@ -57,7 +57,7 @@ build() { # name component outputs... ; the build cmd follows after '--'
         ld="$ld -X $p.gitVersion=$k8s_version -X $p.gitMajor=1 -X $p.gitMinor=$k8s_minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
       done
       (cd "$here/tools/k8s" && go build -trimpath -tags notest,grpcnotrace -ldflags "$ld" -o "$tmp/" \
-          k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler) \
+          k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl) \
         || die "kubernetes build failed (module k8s.io/kubernetes $k8s_version); see the go output above." ;;
   esac
   for b in "$@"; do
@@ -73,6 +73,6 @@ build() { # name component outputs... ; the build cmd follows after '--'
 
 build etcd etcd
 build kwok kwok
-build k8s kube-apiserver kube-controller-manager kube-scheduler
+build k8s kube-apiserver kube-controller-manager kube-scheduler kubectl
 
 echo "$bin_dir"

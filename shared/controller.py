@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from shared import events, pods, streaming
-from shared.informer import Informer, OnChange, key_of, wait_synced
+from shared.informer import (
+    Informer,
+    OnChange,
+    Transform,
+    key_of,
+    strip_managed_fields,
+    wait_synced,
+)
 from shared.kube import JSON, ApiError, Kube, path_of
 from shared.runtime import ServiceContext
 from shared.workqueue import WorkQueue
@@ -58,6 +65,7 @@ class Controller(Generic[K]):
         field_selector: str = "",
         name: str = "",
         also: OnChange | None = None,
+        transform: Transform = strip_managed_fields,
     ) -> Informer:
         """Keep a cache of ``path`` and enqueue the keys each change maps to."""
 
@@ -75,6 +83,7 @@ class Controller(Generic[K]):
             field_selector=field_selector,
             resync_s=self.ctx.settings.resync_interval_s * 5,
             name=name or path,
+            transform=transform,
         )
         self.informers.append(informer)
         return informer

@@ -168,12 +168,6 @@ class NodeCompleted(Event, frozen=True, kw_only=True, tag="node.completed"):
     """The node runs every package of the CR at the desired version."""
 
 
-class NodeFailed(Event, frozen=True, kw_only=True, tag="node.failed"):
-    """The node failed for this CR; it needs a fix or a retry (``nodewright node retry``)."""
-
-    reason: Reason
-
-
 AnyEvent = (
     NodeSelected
     | NodeCordoned
@@ -189,7 +183,6 @@ AnyEvent = (
     | NodeValidated
     | NodeUncordoned
     | NodeCompleted
-    | NodeFailed
 )
 
 KINDS: Final = tuple(

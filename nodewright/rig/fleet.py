@@ -87,9 +87,17 @@ class Fleet:
         }
         if self.simulate and service in ("executor", "validator"):
             env["NODEWRIGHT_PODS_SIMULATE"] = "true"
+        if service == "validator":
+            # The API server calls the webhook on loopback: there is no Service routing here.
+            env.setdefault("NODEWRIGHT_WEBHOOK_HOST", "127.0.0.1")
+            env.setdefault("NODEWRIGHT_WEBHOOK_PORT", str(free_port()))
+            env.setdefault("NODEWRIGHT_WEBHOOK_URL", "https://127.0.0.1:{port}")
+            env.setdefault("NODEWRIGHT_WEBHOOK_NAMESPACE", self.namespace)
         # Only the settings each service knows may be set: unknown NODEWRIGHT_* is an error.
         if service not in ("executor", "validator"):
             env = {k: v for k, v in env.items() if not k.startswith("NODEWRIGHT_PODS_")}
+        if service != "validator":
+            env = {k: v for k, v in env.items() if not k.startswith("NODEWRIGHT_WEBHOOK")}
         return env
 
     def start(self, service: str, *, count: int = 1, wait: bool = True) -> list[Replica]:

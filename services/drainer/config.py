@@ -1,9 +1,34 @@
-"""Configuration of the drainer service, decoded once at startup (see shared.config)."""
+"""Configuration of the drainer service, decoded once at startup (see shared.config).
+
+What each CR wants from a drain (timeout, grace period, pod policies) is in its
+``spec.drain``; this is only how the service itself paces its work.
+"""
 
 from __future__ import annotations
 
-from shared.config import ServiceSettings
+from typing import Annotated
+
+import msgspec
+
+from shared.config import Seconds, ServiceSettings, _Group
+
+
+class DrainerSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    eviction_retry_s: Seconds = 5.0
+    """Seconds between attempts to evict a pod the API server refused (429: a PDB at zero;
+    500: several PDBs); kubectl drain's interval. Each attempt costs one request per pod."""
+    deletion_poll_s: Seconds = 5.0
+    """Seconds between re-checks while evicted pods terminate. Their deletions arrive as
+    watch events anyway; this only bounds the delay if one is missed."""
+    max_parallel_evictions: Annotated[int, msgspec.Meta(ge=1, le=256)] = 16
+    """Eviction requests one node's drain has in flight at once (a node holds at most a few
+    hundred pods; the API server's rate limits apply to the whole process)."""
+    workers: Annotated[int, msgspec.Meta(ge=1, le=256)] = 16
+    """Nodes reconciled concurrently. A long wait never occupies a worker (it is a requeue),
+    so this bounds only the API calls in flight."""
 
 
 class Settings(ServiceSettings, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Settings of the drainer service: the shared groups (nats, kube, health) and its own."""
+
+    drainer: DrainerSettings = msgspec.field(default_factory=DrainerSettings)

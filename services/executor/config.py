@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-from shared.config import ServiceSettings
+from typing import Annotated
+
+import msgspec
+
+from shared.config import PodSettings, ServiceSettings
 
 
 class Settings(ServiceSettings, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Settings of the executor service: the shared groups (nats, kube, health) and its own."""
+
+    pods: PodSettings = msgspec.field(default_factory=PodSettings)
+    workers: Annotated[int, msgspec.Meta(ge=1, le=256)] = 16
+    """Nodes reconciled concurrently."""

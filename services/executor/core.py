@@ -1,0 +1,503 @@
+"""The executor's decisions, as data: which package stage pods to start, what their
+outcome means, and when the node's interrupt runs.
+
+For one (NodeWright, node) pair it reads the desired packages, the node's facts (its
+executor record, the validator's check verdicts, its boot ID) and the NodeWright pods on the
+node, and returns the new executor record, the pods to create and delete, and the events to
+publish. Rules:
+
+- A package runs a *cycle* of stages: install ``apply -> config``, upgrade
+  ``upgrade -> config`` (from the installed version), or re-configure ``config``; each
+  followed by ``interrupt -> post-interrupt`` when the cycle needs an interrupt. A stage's
+  next one starts only after the validator passed the stage's check.
+- ``dependsOn`` is a DAG: a package starts once its dependencies are done on the node;
+  independent packages run in parallel.
+- Interrupts of all packages due on the node merge into one (reboot > restartAllServices >
+  union of services > noop) and run once, after no other stage is running. A reboot is done
+  only when the node's boot ID changed and the node is Ready again — never because a
+  container exited.
+- A pod that fails, cannot pull its image for ``image_pull_grace_s``, or exceeds the stage
+  timeout fails the package with a machine-readable reason naming the image, exit code or
+  timeout.
+
+Pure: no I/O, ``now`` passed in. The shell writes the record before creating pods, so a
+crash in between recreates the same deterministic pod instead of losing track of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+import msgspec
+from msgspec.structs import replace as update
+
+from shared import api, events, pods, progress
+from shared.events import Reason
+from shared.nodestate import Cycle, ExecutorRecord, InterruptRecord, PackageRecord, check_key
+from shared.pods import PodView
+from shared.podspec import PodRequest
+from shared.progress import Desired, NodeFacts
+
+INTERRUPT_STAGE = "interrupt"
+POST_INTERRUPT = "post-interrupt"
+# Stages whose pod is still meaningful to look at after they are recorded.
+_MESSAGE_TAIL = 512
+
+
+@dataclass(frozen=True)
+class Decision:
+    record: ExecutorRecord | None = None
+    """The new record, or None when unchanged."""
+    create: tuple[PodRequest, ...] = ()
+    delete: tuple[str, ...] = ()
+    publish: tuple[events.Event, ...] = ()
+    requeue_after: float | None = None
+
+
+@dataclass
+class _Work:
+    cr: api.NodeWright
+    node: NodeFacts
+    now: datetime
+    source: str
+    packages: dict[str, PackageRecord]
+    interrupt: InterruptRecord | None
+    create: list[PodRequest] = field(default_factory=list)
+    keep: set[str] = field(default_factory=set)
+    out: events.Emitter = field(init=False)
+    requeue: float | None = None
+
+    def __post_init__(self) -> None:
+        self.out = events.Emitter(
+            cr=self.cr.metadata.name,
+            generation=self.cr.metadata.generation,
+            node=self.node.name,
+            now=self.now,
+            source=self.source,
+        )
+
+    def later(self, seconds: float) -> None:
+        self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
+
+
+def pod_name(cr: str, node: str, req: PodRequest) -> str:
+    return pods.pod_name(
+        cr=cr,
+        node=node,
+        role=req.role,
+        package=req.package,
+        stage=req.stage,
+        version=req.version,
+        attempt=req.attempt,
+    )
+
+
+def _first_stage(d: Desired, r: PackageRecord | None) -> tuple[str, Cycle]:
+    """(stage, cycle) that starts the work ``d`` needs on top of ``r``."""
+    if r is None or not r.installed:
+        return "apply", "install"
+    if r.installed != d.version:
+        newer = api.parse_version(d.version) > api.parse_version(r.installed)
+        return ("upgrade", "upgrade") if newer else ("apply", "install")
+    return "config", "config"
+
+
+def _needs_new_cycle(d: Desired, r: PackageRecord) -> bool:
+    if r.version != d.version:
+        return True
+    # Same version, finished, but the configuration changed since.
+    return r.state == "succeeded" and r.installed == d.version and r.config != d.config_digest
+
+
+def _start_cycle(w: _Work, d: Desired, r: PackageRecord | None) -> PackageRecord:
+    stage, cycle = _first_stage(d, r)
+    if cycle == "config" and r is not None:
+        changed = progress.changed_config_keys(d, r, r.config_keys)
+        intr = progress.interrupt_for_config_change(d, changed)
+    else:
+        intr = d.interrupt
+    return PackageRecord(
+        version=d.version,
+        stage=stage,
+        state="running",
+        attempt=1,
+        installed=r.installed if r else "",
+        config=r.config if r else "",
+        config_keys=dict(r.config_keys) if r else {},
+        previous=r.installed if r else "",
+        cycle=cycle,
+        interrupt=intr.type if intr else "",
+        interrupt_services=tuple(intr.services) if intr else (),
+        updated=w.now,
+    )
+
+
+def _next_stage(r: PackageRecord) -> str | None:
+    match r.stage:
+        case "apply" | "upgrade":
+            return "config"
+        case "config":
+            return INTERRUPT_STAGE if r.interrupt else None
+        case "interrupt":
+            return POST_INTERRUPT
+        case _:
+            return None
+
+
+def _stage_timeout(cr: api.NodeWright, d: Desired) -> int:
+    return d.spec.stage_timeout_seconds or cr.spec.stage_timeout_seconds
+
+
+def _request_stage(w: _Work, d: Desired, r: PackageRecord) -> None:
+    req = PodRequest(
+        role="stage",
+        package=d.name,
+        stage=r.stage,
+        version=r.version,
+        attempt=r.attempt,
+        image=d.image,
+        previous=r.previous,
+        desired=d,
+    )
+    req = replace(req, name=pod_name(w.cr.metadata.name, w.node.name, req))
+    w.create.append(req)
+    w.keep.add(req.name)
+    w.out.emit(
+        events.StageStarted,
+        d.name,
+        r.version,
+        r.stage,
+        r.attempt,
+        "started",
+        package=d.name,
+        version=r.version,
+        stage=r.stage,
+        pod=req.name,
+        attempt=r.attempt,
+    )
+
+
+def _failed(w: _Work, d: Desired, r: PackageRecord, reason: Reason) -> PackageRecord:
+    w.out.emit(
+        events.StageFailed,
+        d.name,
+        r.version,
+        r.stage,
+        r.attempt,
+        "failed",
+        package=d.name,
+        version=r.version,
+        stage=r.stage,
+        reason=reason,
+        attempt=r.attempt,
+    )
+    return update(r, state="failed", reason=reason, updated=w.now)
+
+
+def _pod_failure(pod: PodView, *, now: datetime, image_pull_grace_s: float) -> Reason | None:
+    ref = (pods.pods_kind_ref(pod),)
+    if pod.phase == "Failed":
+        tail = pod.message[-_MESSAGE_TAIL:]
+        return Reason(
+            code="StageFailed",
+            message=f"pod {pod.name} exited with code {pod.exit_code}: {tail}".rstrip(": "),
+            objects=ref,
+            details={"exitCode": str(pod.exit_code)},
+        )
+    return pods.image_pull_failure(pod, now=now, grace_s=image_pull_grace_s)
+
+
+def _observe_stage(
+    w: _Work, d: Desired, r: PackageRecord, pod: PodView | None, grace: float
+) -> PackageRecord:
+    """Fold a running stage's pod into the record."""
+    timeout = _stage_timeout(w.cr, d)
+    if pod is None:
+        return r
+    w.keep.add(pod.name)
+    if pod.phase == "Succeeded":
+        w.out.emit(
+            events.StageSucceeded,
+            d.name,
+            r.version,
+            r.stage,
+            r.attempt,
+            "ok",
+            package=d.name,
+            version=r.version,
+            stage=r.stage,
+            attempt=r.attempt,
+        )
+        return update(r, state="succeeded", reason=None, updated=w.now)
+    failure = _pod_failure(pod, now=w.now, image_pull_grace_s=grace)
+    if failure is not None:
+        return _failed(w, d, r, failure)
+    elapsed = (w.now - r.updated).total_seconds()
+    if elapsed >= timeout:
+        w.keep.discard(pod.name)  # stop it: a timed-out stage must not finish later unseen
+        return _failed(
+            w,
+            d,
+            r,
+            Reason(
+                code="StageTimeout",
+                message=f"stage {r.stage} of {d.name} {r.version} ran longer than {timeout}s",
+                objects=(pods.pods_kind_ref(pod),),
+                details={"timeoutSeconds": str(timeout)},
+            ),
+        )
+    if pod.image_pull_failed:
+        w.later(max(0.5, grace - ((w.now - pod.created).total_seconds() if pod.created else 0)))
+    w.later(max(1.0, timeout - elapsed))
+    return r
+
+
+def _advance(w: _Work, d: Desired, r: PackageRecord) -> PackageRecord:
+    """A stage succeeded and its check passed: move to the next stage, or finish."""
+    nxt = _next_stage(r)
+    if nxt is None:
+        return update(
+            r,
+            installed=d.version,
+            config=d.config_digest,
+            config_keys=progress.config_key_digests(d.config),
+            previous="",
+            reason=None,
+            updated=w.now,
+        )
+    if nxt == INTERRUPT_STAGE:
+        return update(r, stage=INTERRUPT_STAGE, state="running", attempt=1, updated=w.now)
+    new = update(r, stage=nxt, state="running", attempt=1, updated=w.now)
+    _request_stage(w, d, new)
+    return new
+
+
+def _packages(
+    w: _Work,
+    desired: Mapping[str, Desired],
+    pods_by: Mapping[tuple[str, str, str, int], PodView],
+    grace: float,
+    may_start: bool,
+) -> None:
+    for name, d in desired.items():
+        r = w.packages.get(name)
+        if progress.package_done(d, r):
+            continue
+        deps_done = all(
+            progress.package_done(desired[dep], w.packages.get(dep))
+            for dep in d.depends_on
+            if dep in desired
+        )
+        if r is None or _needs_new_cycle(d, r):
+            if may_start and deps_done:
+                r = _start_cycle(w, d, r)
+                w.packages[name] = r
+                _request_stage(w, d, r)
+            continue
+        if r.state == "failed" or r.stage == INTERRUPT_STAGE:
+            if r.state == "failed":
+                pod = pods_by.get((name, r.stage, r.version, r.attempt))
+                if pod is not None:
+                    w.keep.add(pod.name)  # failed pods stay for their logs until a retry
+            continue
+        if r.state == "running":
+            pod = pods_by.get((name, r.stage, r.version, r.attempt))
+            if pod is None and may_start:
+                _request_stage(w, d, r)  # lost or never created: same deterministic name
+                continue
+            w.packages[name] = _observe_stage(w, d, r, pod, grace)
+            continue
+        # succeeded: wait for the validator's verdict on this stage's check
+        verdict = w.node.validator.checks.get(check_key(name, r.version, r.stage))
+        if verdict is None or verdict.verdict != "passed":
+            continue
+        if may_start:
+            w.packages[name] = _advance(w, d, r)
+
+
+def _interrupt_of(r: PackageRecord) -> api.Interrupt:
+    return msgspec.convert(
+        {"type": r.interrupt, "services": list(r.interrupt_services)}, api.Interrupt
+    )
+
+
+def _interrupt_id(packages: Sequence[str], records: Mapping[str, PackageRecord]) -> str:
+    text = ",".join(f"{n}={records[n].version}/{records[n].cycle}" for n in sorted(packages))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _interrupt(
+    w: _Work,
+    desired: Mapping[str, Desired],
+    pods_by: Mapping[tuple[str, str, str, int], PodView],
+    grace: float,
+    may_start: bool,
+) -> None:
+    due = sorted(
+        n
+        for n, r in w.packages.items()
+        if n in desired and r.stage == INTERRUPT_STAGE and r.state == "running"
+    )
+    intr = w.interrupt
+    if intr is not None and intr.state == "running":
+        _observe_interrupt(w, intr, pods_by, grace)
+        return
+    if not due or not may_start:
+        return
+    # Merge: wait while any other package is mid-stage or still heading for an interrupt.
+    for n, r in w.packages.items():
+        if n in due or n not in desired:
+            continue
+        if r.state == "running" or (
+            r.interrupt and r.stage in ("apply", "upgrade", "config") and r.state != "failed"
+        ):
+            return
+    merged = progress.merge_interrupts([_interrupt_of(w.packages[n]) for n in due])
+    assert merged is not None
+    iid = _interrupt_id(due, w.packages)
+    record = InterruptRecord(
+        type=merged.type,
+        services=tuple(merged.services),
+        state="running",
+        boot_id_before=w.node.boot_id,
+        packages=tuple(due),
+        started=w.now,
+    )
+    w.interrupt = record
+    req = PodRequest(
+        role="interrupt",
+        package="",
+        stage=INTERRUPT_STAGE,
+        version=iid,
+        attempt=1,
+        interrupt=merged,
+    )
+    req = replace(req, name=pod_name(w.cr.metadata.name, w.node.name, req))
+    w.create.append(req)
+    w.keep.add(req.name)
+    w.out.emit(
+        events.StageStarted,
+        "interrupt",
+        iid,
+        "started",
+        package=",".join(due),
+        version=iid,
+        stage=INTERRUPT_STAGE,
+        pod=req.name,
+    )
+
+
+def _observe_interrupt(
+    w: _Work,
+    intr: InterruptRecord,
+    pods_by: Mapping[tuple[str, str, str, int], PodView],
+    grace: float,
+) -> None:
+    iid = (
+        _interrupt_id(intr.packages, w.packages)
+        if all(p in w.packages for p in intr.packages)
+        else ""
+    )
+    pod = pods_by.get(("", INTERRUPT_STAGE, iid, 1))
+    if pod is not None:
+        w.keep.add(pod.name)
+    timeout = max(_stage_timeout(w.cr, d) for d in progress.desired(w.cr).values())
+    elapsed = (w.now - intr.started).total_seconds()
+    done = False
+    if intr.type == "reboot":
+        # Judged by the node, never by the container: it may die with the reboot.
+        done = bool(intr.boot_id_before) and w.node.boot_id != intr.boot_id_before and w.node.ready
+    elif pod is not None and pod.phase == "Succeeded":
+        done = w.node.ready
+    failure: Reason | None = None
+    if not done and pod is not None:
+        failure = _pod_failure(pod, now=w.now, image_pull_grace_s=grace)
+        if failure is not None and intr.type == "reboot" and failure.code == "StageFailed":
+            failure = None  # a reboot kills its own pod; only the boot ID counts
+    if not done and failure is None and elapsed >= timeout:
+        failure = Reason(
+            code="RebootTimeout" if intr.type == "reboot" else "InterruptTimeout",
+            message=f"{intr.type} interrupt not complete after {timeout}s"
+            + (" (boot ID unchanged or node not Ready)" if intr.type == "reboot" else ""),
+            details={"timeoutSeconds": str(timeout), "bootIdBefore": intr.boot_id_before},
+        )
+    if failure is not None:
+        w.interrupt = update(intr, state="failed", reason=failure)
+        for n in intr.packages:
+            if n in w.packages:
+                w.packages[n] = update(w.packages[n], state="failed", reason=failure, updated=w.now)
+        w.out.emit(
+            events.StageFailed,
+            "interrupt",
+            iid,
+            "failed",
+            package=",".join(intr.packages),
+            version=iid,
+            stage=INTERRUPT_STAGE,
+            reason=failure,
+        )
+        return
+    if not done:
+        w.later(min(5.0, max(1.0, timeout - elapsed)))
+        return
+    w.interrupt = update(intr, state="succeeded")
+    if pod is not None:
+        w.keep.discard(pod.name)
+    w.out.emit(
+        events.StageSucceeded,
+        "interrupt",
+        iid,
+        "ok",
+        package=",".join(intr.packages),
+        version=iid,
+        stage=INTERRUPT_STAGE,
+    )
+    desired = progress.desired(w.cr)
+    for n in intr.packages:
+        r = w.packages.get(n)
+        d = desired.get(n)
+        if r is None or d is None or r.stage != INTERRUPT_STAGE:
+            continue
+        new = update(r, stage=POST_INTERRUPT, state="running", attempt=1, updated=w.now)
+        w.packages[n] = new
+        _request_stage(w, d, new)
+
+
+def decide(
+    *,
+    cr: api.NodeWright,
+    node: NodeFacts,
+    node_pods: Sequence[PodView],
+    now: datetime,
+    image_pull_grace_s: float = 60.0,
+    source: str = "executor",
+) -> Decision:
+    turn = progress.turn(cr, node)
+    w = _Work(
+        cr=cr,
+        node=node,
+        now=now,
+        source=source,
+        packages=dict(node.executor.packages),
+        interrupt=node.executor.interrupt,
+    )
+    mine = [p for p in node_pods if p.cr == cr.metadata.name and p.node == node.name]
+    pods_by = {(p.package, p.stage, p.version, p.attempt): p for p in mine if not p.deleting}
+    desired = progress.desired(cr)
+    may_start = turn == "executor" and not cr.paused and not cr.disabled
+    if turn in ("executor", "failed"):
+        _packages(w, desired, pods_by, image_pull_grace_s, may_start)
+        _interrupt(w, desired, pods_by, image_pull_grace_s, may_start)
+    delete = tuple(sorted(p.name for p in mine if p.name not in w.keep and not p.deleting))
+    new_record = ExecutorRecord(packages=w.packages, interrupt=w.interrupt)
+    changed = new_record != node.executor
+    return Decision(
+        record=new_record if changed else None,
+        create=tuple(w.create),
+        delete=delete,
+        publish=tuple(w.out.events),
+        requeue_after=w.requeue,
+    )

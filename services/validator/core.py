@@ -1,0 +1,251 @@
+"""The validator's decisions, as data: which stage checks to run, what their outcome means,
+when a node is validated, and when its readiness taint may go.
+
+For one (NodeWright, node) pair:
+
+- every package stage the executor recorded as succeeded gets its check — a pod running
+  the agent's ``<stage>-check`` mode — and the verdict is recorded as passed, or failed
+  with a machine-readable reason carrying the check's output tail (``CheckFailed``), the
+  image that cannot be pulled (``ImagePullFailed``) or the timeout (``CheckTimeout``);
+- once every package is done, the node itself is validated: it must be Ready, and a
+  reboot interrupt must have completed (the executor judges that by the boot ID). The
+  validated target digest is recorded so the drainer and scheduler can release the node;
+- a runtime-required node's readiness taint is lifted once every runtime-required
+  NodeWright targeting it is validated there (the shell says whether that holds).
+
+Pure: no I/O, ``now`` passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from shared import api, events, pods, progress
+from shared.events import Reason
+from shared.nodestate import CheckRecord, ValidatorRecord, check_key
+from shared.pods import PodView
+from shared.podspec import PodRequest
+from shared.progress import NodeFacts
+
+CHECKED_STAGES = frozenset({"apply", "upgrade", "config", "post-interrupt", "uninstall"})
+_TAIL = 512
+
+
+@dataclass(frozen=True)
+class Decision:
+    record: ValidatorRecord | None = None
+    create: tuple[PodRequest, ...] = ()
+    delete: tuple[str, ...] = ()
+    publish: tuple[events.Event, ...] = ()
+    remove_readiness_taint: bool = False
+    requeue_after: float | None = None
+
+
+@dataclass
+class _Work:
+    cr: api.NodeWright
+    node: NodeFacts
+    now: datetime
+    source: str
+    checks: dict[str, CheckRecord]
+    create: list[PodRequest] = field(default_factory=list)
+    keep: set[str] = field(default_factory=set)
+    out: events.Emitter = field(init=False)
+    requeue: float | None = None
+
+    def __post_init__(self) -> None:
+        self.out = events.Emitter(
+            cr=self.cr.metadata.name,
+            generation=self.cr.metadata.generation,
+            node=self.node.name,
+            now=self.now,
+            source=self.source,
+        )
+
+    def later(self, seconds: float) -> None:
+        self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
+
+
+def _request(w: _Work, d: progress.Desired, stage: str, version: str, attempt: int) -> PodRequest:
+    req = PodRequest(
+        role="check",
+        package=d.name,
+        stage=stage,
+        version=version,
+        attempt=attempt,
+        image=d.image,
+        desired=d,
+    )
+    return replace(
+        req,
+        name=pods.pod_name(
+            cr=w.cr.metadata.name,
+            node=w.node.name,
+            role="check",
+            package=d.name,
+            stage=stage,
+            version=version,
+            attempt=attempt,
+        ),
+    )
+
+
+def _verdict_from_pod(
+    pod: PodView, *, started: datetime, now: datetime, timeout: int, grace: float
+) -> CheckRecord | None:
+    ref = (pods.pods_kind_ref(pod),)
+    if pod.phase == "Succeeded":
+        return CheckRecord(verdict="passed", at=now)
+    if pod.phase == "Failed":
+        return CheckRecord(
+            verdict="failed",
+            at=now,
+            reason=Reason(
+                code="CheckFailed",
+                message=f"check {pod.stage}-check of {pod.package} {pod.version} failed "
+                f"(exit code {pod.exit_code}): {pod.message[-_TAIL:]}".rstrip(": "),
+                objects=ref,
+                details={"exitCode": str(pod.exit_code)},
+            ),
+        )
+    pull = pods.image_pull_failure(pod, now=now, grace_s=grace)
+    if pull is not None:
+        return CheckRecord(verdict="failed", at=now, reason=pull)
+    if (now - started).total_seconds() >= timeout:
+        return CheckRecord(
+            verdict="failed",
+            at=now,
+            reason=Reason(
+                code="CheckTimeout",
+                message=f"check {pod.stage}-check of {pod.package} ran longer than {timeout}s",
+                objects=ref,
+                details={"timeoutSeconds": str(timeout)},
+            ),
+        )
+    return None
+
+
+def _checks(
+    w: _Work, check_pods: dict[tuple[str, str, str, int], PodView], grace: float, may_start: bool
+) -> None:
+    desired = progress.desired(w.cr)
+    wanted: set[str] = set()
+    for name, r in sorted(w.node.executor.packages.items()):
+        d = desired.get(name)
+        if d is None or r.version != d.version or r.stage not in CHECKED_STAGES:
+            continue
+        key = check_key(name, r.version, r.stage)
+        wanted.add(key)
+        if r.state != "succeeded":
+            continue
+        v = w.checks.get(key)
+        if v is not None and v.verdict != "running":
+            if v.verdict == "failed":
+                pod = check_pods.get((name, r.stage, r.version, r.attempt))
+                if pod is not None:
+                    w.keep.add(pod.name)  # kept for its logs until a retry
+            continue
+        req = _request(w, d, r.stage, r.version, r.attempt)
+        pod = check_pods.get((name, r.stage, r.version, r.attempt))
+        if v is None:
+            if not may_start:
+                continue
+            w.checks[key] = CheckRecord(verdict="running", at=w.now)
+            w.create.append(req)
+            w.keep.add(req.name)
+            continue
+        if pod is None:
+            if may_start:
+                w.create.append(req)  # lost or never created: same deterministic name
+                w.keep.add(req.name)
+            continue
+        w.keep.add(pod.name)
+        timeout = d.spec.stage_timeout_seconds or w.cr.spec.stage_timeout_seconds
+        verdict = _verdict_from_pod(pod, started=v.at, now=w.now, timeout=timeout, grace=grace)
+        if verdict is None:
+            w.later(min(30.0, max(1.0, timeout - (w.now - v.at).total_seconds())))
+            continue
+        w.checks[key] = verdict
+        if verdict.verdict == "passed":
+            w.keep.discard(pod.name)
+            w.out.emit(
+                events.StageValidated,
+                name,
+                r.version,
+                r.stage,
+                r.attempt,
+                "validated",
+                package=name,
+                version=r.version,
+                stage=r.stage,
+            )
+        else:
+            assert verdict.reason is not None
+            w.out.emit(
+                events.ValidationFailed,
+                name,
+                r.version,
+                r.stage,
+                r.attempt,
+                "invalid",
+                package=name,
+                version=r.version,
+                stage=r.stage,
+                reason=verdict.reason,
+            )
+    # Verdicts about versions or stages no longer relevant would only grow the record.
+    for key in list(w.checks):
+        if key not in wanted:
+            del w.checks[key]
+
+
+def decide(
+    *,
+    cr: api.NodeWright,
+    node: NodeFacts,
+    check_pods: Sequence[PodView],
+    now: datetime,
+    runtime_required_done: bool = False,
+    has_readiness_taint: bool = False,
+    image_pull_grace_s: float = 120.0,
+    source: str = "validator",
+) -> Decision:
+    w = _Work(cr=cr, node=node, now=now, source=source, checks=dict(node.validator.checks))
+    mine = [
+        p
+        for p in check_pods
+        if p.cr == cr.metadata.name and p.node == node.name and p.role == "check"
+    ]
+    by = {(p.package, p.stage, p.version, p.attempt): p for p in mine if not p.deleting}
+    turn = progress.turn(cr, node)
+    may_start = turn in ("executor", "validator") and not cr.disabled
+    _checks(w, by, image_pull_grace_s, may_start)
+    record = node.validator
+    validated, at, reason = record.validated, record.at, record.reason
+    target = progress.target_digest(cr)
+    if turn == "validator" and validated != target:
+        interrupt = node.executor.interrupt
+        if not node.ready:
+            reason = Reason(
+                code="NodeNotReady", message="waiting for the node to be Ready after its packages"
+            )
+            w.later(5.0)
+        elif interrupt is not None and interrupt.state == "running":
+            w.later(5.0)
+        else:
+            validated, at, reason = target, now, None
+            w.out.emit(events.NodeValidated, "validated", target)
+    new = ValidatorRecord(checks=w.checks, validated=validated, at=at, reason=reason)
+    delete = tuple(sorted(p.name for p in mine if p.name not in w.keep and not p.deleting))
+    return Decision(
+        record=new if new != record else None,
+        create=tuple(w.create),
+        delete=delete,
+        publish=tuple(w.out.events),
+        remove_readiness_taint=cr.spec.runtime_required
+        and runtime_required_done
+        and has_readiness_taint,
+        requeue_after=w.requeue,
+    )

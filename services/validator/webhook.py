@@ -1,0 +1,660 @@
+"""The validating admission webhook for NodeWright and DeploymentPolicy: TLS, certificates, wiring.
+
+:func:`serve_webhook` serves AdmissionReview v1 over HTTPS with aiohttp and keeps itself
+reachable: it owns a self-signed CA and serving certificate (made with ``cryptography``, kept in
+a Secret so every replica serves the same chain and the caBundle survives restarts), writes
+the caBundle and rules into the ValidatingWebhookConfiguration it owns (failurePolicy Fail, a
+short timeout), renews the serving certificate before it expires and re-asserts the
+configuration periodically, so a chart upgrade that blanks the caBundle heals itself.
+
+The decisions are not made here: ``admission`` judges, this module decodes requests, fetches
+the lookups it needs (a DeploymentPolicy, the NodeWrights referencing one) and encodes answers.
+A lookup that fails denies the request: the same fail-closed stance as failurePolicy Fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import ssl
+import tempfile
+from base64 import b64decode, b64encode
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any, Final, Protocol
+from urllib.parse import urlsplit
+
+import aiohttp
+import msgspec
+from aiohttp import web
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from services.validator import admission
+from shared import api
+from shared.kube import ApiError, Kube, path_of
+
+_log = logging.getLogger("nodewright.validator.webhook")
+
+NODEWRIGHTS_PATH: Final = "/validate/nodewrights"
+DEPLOYMENT_POLICIES_PATH: Final = "/validate/deploymentpolicies"
+_VWC_PATH: Final = path_of(
+    group="admissionregistration.k8s.io", plural="validatingwebhookconfigurations"
+)
+_CA_KEY: Final = "ca.key"
+
+
+class WebhookSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How the webhook is served and registered (a settings group of the validator)."""
+
+    host: str = "0.0.0.0"
+    """Bind address; all interfaces so the API server reaches the pod."""
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 9443
+    """HTTPS port; 0 picks a free one (tests)."""
+    configuration_name: str = "nodewright-validator"
+    """The ValidatingWebhookConfiguration this webhook owns and keeps up to date."""
+    service_name: str = "nodewright-validator"
+    """Service in front of the validator pods; the API server calls it."""
+    namespace: str = "nodewright-system"
+    """Namespace of that Service and of the certificate Secret."""
+    service_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 443
+    """Port of the Service."""
+    url: str = ""
+    """When set, the API server calls this URL instead of the Service (out-of-cluster runs and
+    tests); ``{port}`` is replaced by the bound port. Its host is added to the certificate."""
+    cert_secret: str = "nodewright-validator-tls"
+    """Secret holding the CA and serving certificate, shared by replicas; empty keeps them in
+    memory only (one replica, a new CA on every start)."""
+    timeout_seconds: Annotated[int, msgspec.Meta(ge=1, le=30)] = 5
+    """How long the API server waits for an answer. Short: with failurePolicy Fail a hung
+    webhook blocks every write of the two kinds."""
+    lookup_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 3.0
+    """Budget for the API lookups of one review; below timeout_seconds so we answer in time."""
+    cert_validity_days: Annotated[int, msgspec.Meta(ge=2)] = 365
+    """Lifetime of a serving certificate."""
+    renew_before_days: Annotated[int, msgspec.Meta(ge=1)] = 30
+    """Renew the serving certificate (and the CA) this long before it expires."""
+    resync_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
+    """How often to re-read the Secret and re-assert the webhook configuration."""
+
+
+# ---- certificates -------------------------------------------------------------------------
+
+_CA_VALIDITY: Final = timedelta(days=3650)
+# Clocks of the API server and the webhook may disagree a little.
+_BACKDATE: Final = timedelta(minutes=5)
+
+
+class CertBundle(msgspec.Struct, frozen=True, kw_only=True):
+    """PEM-encoded CA and serving certificate with their keys."""
+
+    ca_cert: bytes
+    ca_key: bytes
+    cert: bytes
+    key: bytes
+
+    def expires(self) -> datetime:
+        serving = x509.load_pem_x509_certificate(self.cert).not_valid_after_utc
+        ca = x509.load_pem_x509_certificate(self.ca_cert).not_valid_after_utc
+        return min(serving, ca)
+
+    def covers(self, hosts: tuple[str, ...]) -> bool:
+        """The serving certificate names every one of ``hosts``."""
+        cert = x509.load_pem_x509_certificate(self.cert)
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        names = {*sans.get_values_for_type(x509.DNSName)}
+        names |= {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)}
+        return set(hosts) <= names
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def issue(
+    hosts: tuple[str, ...], *, now: datetime, validity: timedelta, ca: CertBundle | None = None
+) -> CertBundle:
+    """A serving certificate for ``hosts`` signed by ``ca``'s CA, or by a new CA when None."""
+    if ca is None:
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nodewright-validator-ca")])
+        ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
+        ca_cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(ca_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - _BACKDATE)
+            .not_valid_after(now + _CA_VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(ski, critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        ca = CertBundle(
+            ca_cert=ca_cert.public_bytes(serialization.Encoding.PEM),
+            ca_key=_key_pem(ca_key),
+            cert=b"",
+            key=b"",
+        )
+    signer = serialization.load_pem_private_key(ca.ca_key, password=None)
+    assert isinstance(signer, ec.EllipticCurvePrivateKey)
+    issuer = x509.load_pem_x509_certificate(ca.ca_cert)
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            sans.append(x509.DNSName(host))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(issuer.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(min(now + validity, issuer.not_valid_after_utc))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer.public_key()),  # type: ignore[arg-type]
+            critical=False,
+        )
+        .sign(signer, hashes.SHA256())
+    )
+    return CertBundle(
+        ca_cert=ca.ca_cert,
+        ca_key=ca.ca_key,
+        cert=cert.public_bytes(serialization.Encoding.PEM),
+        key=_key_pem(key),
+    )
+
+
+def hosts_for(settings: WebhookSettings) -> tuple[str, ...]:
+    """The names the serving certificate must carry: the Service's DNS names and the URL host."""
+    svc, ns = settings.service_name, settings.namespace
+    hosts = [f"{svc}.{ns}.svc", svc, f"{svc}.{ns}", f"{svc}.{ns}.svc.cluster.local"]
+    if settings.url:
+        host = urlsplit(settings.url.replace("{port}", "1")).hostname
+        if host:
+            hosts.insert(0, host)
+    return tuple(dict.fromkeys(hosts))
+
+
+def _needs_new(bundle: CertBundle | None, settings: WebhookSettings, now: datetime) -> bool:
+    if bundle is None:
+        return True
+    due = bundle.expires() - timedelta(days=settings.renew_before_days)
+    return now >= due or not bundle.covers(hosts_for(settings))
+
+
+def _renewed(bundle: CertBundle | None, settings: WebhookSettings, now: datetime) -> CertBundle:
+    ca = bundle
+    if ca is not None:
+        ca_expires = x509.load_pem_x509_certificate(ca.ca_cert).not_valid_after_utc
+        if now >= ca_expires - timedelta(days=settings.renew_before_days):
+            # A new CA changes the caBundle; rare (the CA lives 10 years), and self-healing.
+            ca = None
+    return issue(
+        hosts_for(settings),
+        now=now,
+        validity=timedelta(days=settings.cert_validity_days),
+        ca=ca,
+    )
+
+
+class _SecretStore:
+    """The certificate bundle in a Secret; optimistic concurrency keeps replicas agreeing."""
+
+    def __init__(self, kube: Kube, settings: WebhookSettings) -> None:
+        self._kube = kube
+        self._path = path_of(plural="secrets", namespace=settings.namespace)
+        self._name = settings.cert_secret
+        self._version = ""
+
+    async def load(self) -> CertBundle | None:
+        try:
+            secret = await self._kube.get(f"{self._path}/{self._name}")
+        except ApiError as exc:
+            if exc.not_found:
+                self._version = ""
+                return None
+            raise
+        self._version = str(secret["metadata"]["resourceVersion"])
+        data: Mapping[str, str] = secret.get("data") or {}
+        try:
+            return CertBundle(
+                ca_cert=b64decode(data["ca.crt"]),
+                ca_key=b64decode(data[_CA_KEY]),
+                cert=b64decode(data["tls.crt"]),
+                key=b64decode(data["tls.key"]),
+            )
+        except (KeyError, ValueError):
+            _log.warning(
+                "Ignored malformed webhook certificate Secret", extra={"secret": self._name}
+            )
+            return None
+
+    async def save(self, bundle: CertBundle) -> CertBundle:
+        """Store ``bundle``; if another replica stored one first, return that one instead."""
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "kubernetes.io/tls",
+            "metadata": {
+                "name": self._name,
+                "labels": {"app.kubernetes.io/managed-by": "nodewright-validator"},
+            },
+            "data": {
+                "ca.crt": b64encode(bundle.ca_cert).decode(),
+                _CA_KEY: b64encode(bundle.ca_key).decode(),
+                "tls.crt": b64encode(bundle.cert).decode(),
+                "tls.key": b64encode(bundle.key).decode(),
+            },
+        }
+        try:
+            if self._version:
+                body["metadata"]["resourceVersion"] = self._version
+                saved = await self._kube.replace(f"{self._path}/{self._name}", body)
+            else:
+                saved = await self._kube.create(self._path, body)
+        except ApiError as exc:
+            if not exc.conflict:
+                raise
+            _log.info("Adopted webhook certificate of another replica")
+            theirs = await self.load()
+            if theirs is None:
+                raise
+            return theirs
+        self._version = str(saved["metadata"]["resourceVersion"])
+        return bundle
+
+
+# ---- webhook configuration ----------------------------------------------------------------
+
+
+def configuration(settings: WebhookSettings, *, ca_bundle: bytes, port: int) -> dict[str, Any]:
+    """The ValidatingWebhookConfiguration this webhook owns (also deploy/webhook/*.yaml)."""
+
+    def client_config(path: str) -> dict[str, Any]:
+        cfg: dict[str, Any]
+        if settings.url:
+            cfg = {"url": settings.url.replace("{port}", str(port)).rstrip("/") + path}
+        else:
+            cfg = {
+                "service": {
+                    "name": settings.service_name,
+                    "namespace": settings.namespace,
+                    "port": settings.service_port,
+                    "path": path,
+                }
+            }
+        if ca_bundle:
+            cfg["caBundle"] = b64encode(ca_bundle).decode()
+        return cfg
+
+    def hook(plural: str, path: str, operations: list[str]) -> dict[str, Any]:
+        return {
+            "name": f"{plural}.{api.GROUP}",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": client_config(path),
+            "rules": [
+                {
+                    "apiGroups": [api.GROUP],
+                    "apiVersions": [api.VERSION],
+                    "operations": operations,
+                    "resources": [plural],
+                    "scope": "Cluster",
+                }
+            ],
+            "failurePolicy": "Fail",
+            "matchPolicy": "Equivalent",
+            "sideEffects": "None",
+            "timeoutSeconds": settings.timeout_seconds,
+        }
+
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {
+            "name": settings.configuration_name,
+            "labels": {
+                "app.kubernetes.io/name": "nodewright",
+                "app.kubernetes.io/component": "validator",
+            },
+        },
+        "webhooks": [
+            hook(api.NODEWRIGHT_PLURAL, NODEWRIGHTS_PATH, ["CREATE", "UPDATE"]),
+            hook(
+                api.DEPLOYMENT_POLICY_PLURAL,
+                DEPLOYMENT_POLICIES_PATH,
+                ["CREATE", "UPDATE", "DELETE"],
+            ),
+        ],
+    }
+
+
+def _contains(actual: Any, wanted: Any) -> bool:
+    """``wanted`` is a sub-document of ``actual`` (the API server adds defaulted fields)."""
+    if isinstance(wanted, dict):
+        return isinstance(actual, dict) and all(
+            _contains(actual.get(k), v) for k, v in wanted.items()
+        )
+    if isinstance(wanted, list):
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(wanted)
+            and all(_contains(a, w) for a, w in zip(actual, wanted, strict=True))
+        )
+    return bool(actual == wanted)
+
+
+async def ensure_configuration(kube: Kube, desired: dict[str, Any]) -> bool:
+    """Create or patch the ValidatingWebhookConfiguration; True when something was written."""
+    name = desired["metadata"]["name"]
+    try:
+        current = await kube.get(f"{_VWC_PATH}/{name}")
+    except ApiError as exc:
+        if not exc.not_found:
+            raise
+        try:
+            await kube.create(_VWC_PATH, desired)
+            return True
+        except ApiError as create_exc:
+            if not create_exc.conflict:
+                raise
+            current = await kube.get(f"{_VWC_PATH}/{name}")
+    if _contains(current.get("webhooks"), desired["webhooks"]) and _contains(
+        current.get("metadata"), {"labels": desired["metadata"]["labels"]}
+    ):
+        return False
+    # A merge patch replaces the webhooks list wholesale: exactly our two entries remain.
+    patch = {"metadata": {"labels": desired["metadata"]["labels"]}, "webhooks": desired["webhooks"]}
+    await kube.patch(f"{_VWC_PATH}/{name}", patch, kind="merge")
+    return True
+
+
+# ---- request handling ---------------------------------------------------------------------
+
+
+class Lookups(Protocol):
+    """What a review needs to know about other objects."""
+
+    async def policy_exists(self, name: str) -> bool: ...
+
+    async def nodewrights_using(self, policy: str) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class KubeLookups:
+    """:class:`Lookups` answered by the API server."""
+
+    kube: Kube
+
+    async def policy_exists(self, name: str) -> bool:
+        try:
+            await self.kube.get(
+                path_of(
+                    group=api.GROUP,
+                    version=api.VERSION,
+                    plural=api.DEPLOYMENT_POLICY_PLURAL,
+                    name=name,
+                )
+            )
+        except ApiError as exc:
+            if exc.not_found:
+                return False
+            raise
+        return True
+
+    async def nodewrights_using(self, policy: str) -> list[str]:
+        # Tens of NodeWrights per cluster at most: a full list is cheap and never stale.
+        found = await self.kube.get(
+            path_of(group=api.GROUP, version=api.VERSION, plural=api.NODEWRIGHT_PLURAL)
+        )
+        return sorted(
+            str(item["metadata"]["name"])
+            for item in found.get("items") or ()
+            if (item.get("spec") or {}).get("deploymentPolicy") == policy
+        )
+
+
+_LOOKUP_ERRORS: Final = (ApiError, TimeoutError, aiohttp.ClientError)
+
+
+async def _review_nodewright(
+    request: admission.AdmissionRequest, lookups: Lookups
+) -> admission.Verdict:
+    new = admission.decode_object(request.object, api.NodeWright)
+    old = admission.decode_object(request.old_object, api.NodeWright)
+    policies: frozenset[str] = frozenset()
+    wanted = new.spec.deployment_policy if new is not None else None
+    if wanted is not None and await lookups.policy_exists(wanted):
+        policies = frozenset({wanted})
+    return admission.review_nodewright(
+        operation=request.operation,
+        old=old,
+        new=new,
+        existing_policies=policies,
+        inventory=admission.inventory_from_status(old.status) if old is not None else {},
+    )
+
+
+async def _review_policy(
+    request: admission.AdmissionRequest, lookups: Lookups
+) -> admission.Verdict:
+    new = admission.decode_object(request.object, api.DeploymentPolicy)
+    old = admission.decode_object(request.old_object, api.DeploymentPolicy)
+    users: list[str] = []
+    if request.operation == "DELETE":
+        users = await lookups.nodewrights_using(request.name)
+    return admission.review_deployment_policy(
+        operation=request.operation, old=old, new=new, referenced_by=users
+    )
+
+
+async def review(
+    request: admission.AdmissionRequest, *, plural: str, lookups: Lookups, timeout_s: float
+) -> admission.AdmissionReviewResponse:
+    """Answer one AdmissionRequest for ``plural`` (nodewrights or deploymentpolicies)."""
+    uid = request.uid
+    judge = _review_nodewright if plural == api.NODEWRIGHT_PLURAL else _review_policy
+    try:
+        async with asyncio.timeout(timeout_s):
+            verdict = await judge(request, lookups)
+    except msgspec.ValidationError as exc:
+        return admission.denial(uid, "object", f"does not match the {plural} schema: {exc}")
+    except _LOOKUP_ERRORS as exc:
+        _log.warning(
+            "Failed to look up objects for an admission review",
+            extra={"plural": plural, "object_name": request.name, "error": str(exc)},
+        )
+        return admission.denial(
+            uid, "metadata.name", f"the validator could not check references ({exc}); retry"
+        )
+    _log.info(
+        "Admitted request" if verdict.allowed else "Denied request",
+        extra={
+            "plural": plural,
+            "object_name": request.name,
+            "operation": request.operation,
+            "uid": uid,
+            "dry_run": request.dry_run,
+            "violations": [v.field for v in verdict.violations],
+        },
+    )
+    return admission.respond(uid, verdict)
+
+
+def make_app(*, lookups: Lookups, timeout_s: float) -> web.Application:
+    """The aiohttp application answering AdmissionReviews on the two validate paths."""
+
+    def handler(plural: str) -> Callable[[web.Request], Any]:
+        async def handle(request: web.Request) -> web.Response:
+            try:
+                body = msgspec.json.decode(
+                    await request.read(), type=admission.AdmissionReviewRequest
+                )
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                return web.Response(status=400, text=f"not an AdmissionReview v1: {exc}\n")
+            if body.request is None:
+                return web.Response(status=400, text="AdmissionReview without request\n")
+            answer = await review(body.request, plural=plural, lookups=lookups, timeout_s=timeout_s)
+            return web.Response(body=msgspec.json.encode(answer), content_type="application/json")
+
+        return handle
+
+    app = web.Application()
+    app.router.add_post(NODEWRIGHTS_PATH, handler(api.NODEWRIGHT_PLURAL))
+    app.router.add_post(DEPLOYMENT_POLICIES_PATH, handler(api.DEPLOYMENT_POLICY_PLURAL))
+    return app
+
+
+# ---- serving ------------------------------------------------------------------------------
+
+
+@dataclass
+class Webhook:
+    """A running webhook: where it listens, what it serves, whether it is registered."""
+
+    port: int
+    bundle: CertBundle
+    registered: bool = False
+    files: Path = field(default=Path(), repr=False)
+    """Private directory the TLS key and chain are written to (ssl loads only from files)."""
+    ssl_context: ssl.SSLContext | None = field(default=None, repr=False)
+    """Serves the current bundle; reloaded in place on renewal."""
+
+    async def ready(self) -> bool:
+        """Readiness probe: serving, and the configuration carries our caBundle."""
+        return self.registered
+
+    def load(self, bundle: CertBundle) -> None:
+        """Serve ``bundle`` from now on (new TLS handshakes pick it up)."""
+        cert, key = self.files / "tls.crt", self.files / "tls.key"
+        # Private files: the key must never be readable by other users of the host.
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(bundle.key)
+        cert.write_bytes(bundle.cert + bundle.ca_cert)
+        if self.ssl_context is None:
+            self.ssl_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self.ssl_context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self.ssl_context.load_cert_chain(cert, key)
+        self.bundle = bundle
+
+
+async def _current_bundle(
+    store: _SecretStore | None, held: CertBundle | None, settings: WebhookSettings, now: datetime
+) -> CertBundle:
+    bundle = await store.load() if store is not None else held
+    if _needs_new(bundle, settings, now):
+        fresh = _renewed(bundle, settings, now)
+        bundle = await store.save(fresh) if store is not None else fresh
+        _log.info("Issued webhook serving certificate", extra={"expires": str(bundle.expires())})
+    assert bundle is not None
+    return bundle
+
+
+async def _maintain(
+    hook: Webhook,
+    *,
+    kube: Kube,
+    store: _SecretStore | None,
+    settings: WebhookSettings,
+    clock: Callable[[], datetime],
+) -> None:
+    while True:
+        await asyncio.sleep(settings.resync_interval_s)
+        try:
+            bundle = await _current_bundle(store, hook.bundle, settings, clock())
+            if bundle != hook.bundle:
+                hook.load(bundle)
+                _log.info("Reloaded webhook serving certificate")
+            desired = configuration(settings, ca_bundle=bundle.ca_cert, port=hook.port)
+            if await ensure_configuration(kube, desired):
+                _log.info(
+                    "Updated ValidatingWebhookConfiguration",
+                    extra={"configuration": settings.configuration_name},
+                )
+            hook.registered = True
+        except Exception as exc:
+            # Keep serving the chain we have and retry next pass: a maintenance hiccup (API
+            # down, a hand-edited Secret) must not take admission down with it.
+            _log.warning("Failed to maintain the webhook", extra={"error": str(exc)}, exc_info=exc)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@contextlib.asynccontextmanager
+async def serve_webhook(
+    kube: Kube, settings: WebhookSettings, *, clock: Callable[[], datetime] = _utcnow
+) -> AsyncIterator[Webhook]:
+    """Serve the webhook until the context exits; yield the running :class:`Webhook`.
+
+    On entry: load or issue the certificate, start HTTPS, register the configuration. While
+    open: renew and re-register every ``resync_interval_s``. The configuration is left in place
+    on exit (other replicas keep serving; a Helm uninstall removes it).
+    """
+    store = _SecretStore(kube, settings) if settings.cert_secret else None
+    bundle = await _current_bundle(store, None, settings, clock())
+    app = make_app(lookups=KubeLookups(kube), timeout_s=settings.lookup_timeout_s)
+    runner = web.AppRunner(app, access_log=None)
+    with tempfile.TemporaryDirectory(prefix="nodewright-webhook-") as files:
+        hook = Webhook(port=settings.port, bundle=bundle, files=Path(files))
+        hook.load(bundle)
+        await runner.setup()
+        maintainer: asyncio.Task[None] | None = None
+        try:
+            site = web.TCPSite(runner, settings.host, settings.port, ssl_context=hook.ssl_context)
+            await site.start()
+            sockets = getattr(site._server, "sockets", None) or []
+            if sockets:
+                hook.port = int(sockets[0].getsockname()[1])
+            desired = configuration(settings, ca_bundle=bundle.ca_cert, port=hook.port)
+            await ensure_configuration(kube, desired)
+            hook.registered = True
+            _log.info(
+                "Serving admission webhook",
+                extra={"port": hook.port, "configuration": settings.configuration_name},
+            )
+            maintainer = asyncio.create_task(
+                _maintain(hook, kube=kube, store=store, settings=settings, clock=clock),
+                name="webhook-maintainer",
+            )
+            yield hook
+        finally:
+            if maintainer is not None:
+                maintainer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await maintainer
+            await runner.cleanup()

@@ -1,0 +1,278 @@
+"""Manifests of NodeWright's pods on a node: a package stage (executor), a stage check
+(validator), or the node's merged interrupt (executor).
+
+A stage pod runs on its node (``spec.nodeName``, bypassing the scheduler) as one *agent*
+container running ``python -m agent <stage>`` with the host's ``/`` at ``/host``, the
+*package* image mounted read-only at ``/nodewright-package`` as an image volume (so package
+images need no shell: ``FROM scratch`` works; Kubernetes >= 1.35 with a runtime supporting
+image volumes), and the CR's configMap at ``/nodewright-config``. The pod tolerates
+the cordon, the readiness taint, NotReady/unreachable (a reboot must not evict it) and the
+CR's additional tolerations, and is owned by the NodeWright so deleting the CR removes it.
+
+In simulation (kwok) the node's ``sim.nodewright.nvidia.com/*`` wishes are copied onto the
+pod as kwok stage annotations. Pure: returns dicts; creating them is the services' job.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shared import api, pods
+from shared.progress import Desired
+
+SIM = "sim.nodewright.nvidia.com"
+SIM_STAGE_DURATION = f"{SIM}/stage-duration"
+SIM_FAIL = f"{SIM}/fail"
+SIM_IMAGE_PULL_ERROR = f"{SIM}/image-pull-error"
+
+_PACKAGE_MOUNT = "/nodewright-package"
+_CONFIG_MOUNT = "/nodewright-config"
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """One pod to create on a node; ``name`` is deterministic (see shared.pods.pod_name)."""
+
+    role: pods.Role
+    package: str
+    stage: str
+    version: str
+    attempt: int
+    image: str = ""
+    previous: str = ""
+    interrupt: api.Interrupt | None = None
+    desired: Desired | None = None
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class PodSettings:
+    namespace: str
+    agent_image: str
+    simulate: bool = False
+    sim_stage_duration: str = "1s"
+
+
+def config_map_name(cr: str, package: str, digest: str) -> str:
+    return f"{cr}-{package}-{digest}"[:253]
+
+
+def owner_reference(cr: api.NodeWright) -> dict[str, Any]:
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": "NodeWright",
+        "name": cr.metadata.name,
+        "uid": cr.metadata.uid,
+        "blockOwnerDeletion": False,
+        "controller": True,
+    }
+
+
+def config_map(
+    cr: api.NodeWright, package: str, digest: str, data: Mapping[str, str], namespace: str
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": config_map_name(cr.metadata.name, package, digest),
+            "namespace": namespace,
+            "labels": {
+                pods.LABEL_MANAGED: pods.MANAGED_BY,
+                pods.LABEL_CR: cr.metadata.name,
+                pods.LABEL_PACKAGE: package,
+            },
+            "ownerReferences": [owner_reference(cr)],
+        },
+        "data": dict(data),
+    }
+
+
+def tolerations(cr: api.NodeWright) -> list[dict[str, Any]]:
+    base: list[dict[str, Any]] = [
+        {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "nodewright.nvidia.com/runtime-required", "operator": "Exists"},
+        # A reboot makes the node NotReady/unreachable; without these the pod is evicted
+        # after 300 s and the interrupt's outcome is lost.
+        {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+        {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+    ]
+    return base + [api.to_dict(t) for t in cr.spec.additional_tolerations]
+
+
+def _matches(wish: str, package: str, stage: str) -> bool:
+    for item in wish.split(","):
+        pkg, _, stg = item.strip().partition("/")
+        if pkg in ("*", package) and stg in ("", "*", stage):
+            return True
+    return False
+
+
+def simulation_annotations(
+    node_annotations: Mapping[str, str],
+    *,
+    package: str,
+    stage: str,
+    default_duration: str,
+    image: str = "",
+) -> dict[str, str]:
+    """kwok stage annotations for a simulated pod, from the node's ``sim.*`` wishes."""
+    duration = node_annotations.get(SIM_STAGE_DURATION) or default_duration
+    pull = node_annotations.get(SIM_IMAGE_PULL_ERROR, "")
+    if pull and _matches(pull, package, stage):
+        return {f"{SIM}/image-pull-error": "ImagePullBackOff", f"{SIM}/image": image}
+    fail = node_annotations.get(SIM_FAIL, "")
+    if fail and _matches(fail, package, stage):
+        return {
+            f"{SIM}/fail-after": duration,
+            f"{SIM}/exit-code": "1",
+            f"{SIM}/fail-message": f"simulated failure of {package or 'interrupt'} {stage}",
+        }
+    return {f"{SIM}/succeed-after": duration}
+
+
+def manifest(
+    req: PodRequest,
+    *,
+    cr: api.NodeWright,
+    node: str,
+    node_annotations: Mapping[str, str],
+    settings: PodSettings,
+    agent_args: list[str],
+    env: list[dict[str, Any]],
+    package_image: str,
+    config_map_ref: str = "",
+) -> dict[str, Any]:
+    name = req.name
+    annotations = {
+        pods.ANN_NODE: node,
+        pods.ANN_VERSION: req.version,
+        pods.ANN_ATTEMPT: str(req.attempt),
+    }
+    if settings.simulate:
+        annotations.update(
+            simulation_annotations(
+                node_annotations,
+                package=req.package,
+                stage=req.stage,
+                default_duration=settings.sim_stage_duration,
+                image=package_image or settings.agent_image,
+            )
+        )
+    volumes: list[dict[str, Any]] = [{"name": "host", "hostPath": {"path": "/"}}]
+    mounts: list[dict[str, Any]] = [
+        {"name": "host", "mountPath": "/host", "mountPropagation": "HostToContainer"},
+    ]
+    if package_image:
+        volumes.append(
+            {"name": "package", "image": {"reference": package_image, "pullPolicy": "IfNotPresent"}}
+        )
+        mounts.append({"name": "package", "mountPath": _PACKAGE_MOUNT, "readOnly": True})
+    if config_map_ref:
+        volumes.append({"name": "config", "configMap": {"name": config_map_ref}})
+        mounts.append({"name": "config", "mountPath": _CONFIG_MOUNT, "readOnly": True})
+    spec: dict[str, Any] = {
+        "nodeName": node,
+        "restartPolicy": "Never",
+        "hostPID": True,
+        "priorityClassName": "system-node-critical",
+        "tolerations": tolerations(cr),
+        "containers": [
+            {
+                "name": "agent",
+                "image": settings.agent_image,
+                "imagePullPolicy": "IfNotPresent",
+                "args": agent_args,
+                "env": env,
+                "securityContext": {"privileged": True},
+                "volumeMounts": mounts,
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            }
+        ],
+        "volumes": volumes,
+    }
+    resources = None
+    if req.desired is not None and req.desired.spec.resources is not None:
+        resources = api.to_dict(req.desired.spec.resources)
+        spec["containers"][0]["resources"] = resources
+    if req.desired is not None and req.desired.spec.graceful_shutdown_seconds is not None:
+        spec["terminationGracePeriodSeconds"] = req.desired.spec.graceful_shutdown_seconds
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": settings.namespace,
+            "labels": pods.labels(
+                cr=cr.metadata.name, role=req.role, package=req.package, stage=req.stage
+            ),
+            "annotations": annotations,
+            "ownerReferences": [owner_reference(cr)],
+        },
+        "spec": spec,
+    }
+
+
+def stage_pod(
+    req: PodRequest,
+    *,
+    cr: api.NodeWright,
+    node: str,
+    node_annotations: Mapping[str, str],
+    settings: PodSettings,
+) -> dict[str, Any]:
+    """A package stage pod (apply, upgrade, config, post-interrupt, uninstall) or a stage
+    check pod (role ``check``: the agent runs ``<stage>-check``)."""
+    assert req.desired is not None
+    d = req.desired
+    env: list[dict[str, Any]] = [api.to_dict(e) for e in d.spec.env]
+    env += [
+        {"name": "NODEWRIGHT_CR", "value": cr.metadata.name},
+        {"name": "NODEWRIGHT_RUN_ID", "value": req.name},
+        {"name": "NODEWRIGHT_TO_VERSION", "value": req.version},
+    ]
+    if req.previous:
+        env.append({"name": "NODEWRIGHT_FROM_VERSION", "value": req.previous})
+    cm = config_map_name(cr.metadata.name, d.name, d.config_digest) if d.config else ""
+    return manifest(
+        req,
+        cr=cr,
+        node=node,
+        node_annotations=node_annotations,
+        settings=settings,
+        agent_args=[f"{req.stage}-check" if req.role == "check" else req.stage],
+        env=env,
+        package_image=d.image,
+        config_map_ref=cm,
+    )
+
+
+def interrupt_pod(
+    req: PodRequest,
+    *,
+    cr: api.NodeWright,
+    node: str,
+    node_annotations: Mapping[str, str],
+    settings: PodSettings,
+) -> dict[str, Any]:
+    """The node's merged interrupt (reboot, service restarts ...), run by the agent alone."""
+    assert req.interrupt is not None
+    env = [
+        {"name": "NODEWRIGHT_CR", "value": cr.metadata.name},
+        {"name": "NODEWRIGHT_RUN_ID", "value": req.name},
+        {"name": "NODEWRIGHT_INTERRUPT", "value": json.dumps(api.to_dict(req.interrupt))},
+        {"name": "NODEWRIGHT_INTERRUPT_ID", "value": f"{cr.metadata.uid}-{req.version}"},
+    ]
+    return manifest(
+        req,
+        cr=cr,
+        node=node,
+        node_annotations=node_annotations,
+        settings=settings,
+        agent_args=["interrupt"],
+        env=env,
+        package_image="",
+    )

@@ -1,0 +1,169 @@
+"""End-to-end fixtures: a clean cluster, the five services as real processes, samplers.
+
+Every test here starts from a cluster with no NodeWright, no DeploymentPolicy, no node and
+no event stream (whatever earlier tests left is removed), runs the services as processes
+(``nodewright.rig.fleet``) in a namespace of its own, and tears all of it down afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats
+import pytest
+
+from nodewright import manifests
+from nodewright.rig import Rig
+from nodewright.rig.fleet import Fleet
+from shared import api
+from shared.informer import Informer
+from shared.kube import ApiError, Kube, path_of
+
+NODES = path_of(plural="nodes")
+
+
+async def delete_all(kapi: Kube) -> None:
+    """Remove every NodeWright, DeploymentPolicy and node, and the event stream."""
+    for path in (manifests.NODEWRIGHTS, manifests.POLICIES):
+        try:
+            listed = await kapi.get(path)
+        except ApiError as exc:
+            if exc.not_found:
+                continue
+            raise
+        for obj in listed["items"]:
+            name = obj["metadata"]["name"]
+            with contextlib.suppress(ApiError):
+                await kapi.patch(f"{path}/{name}", {"metadata": {"finalizers": None}})
+            await kapi.delete_if_present(f"{path}/{name}")
+    # A webhook registered by an earlier fleet points at a replica that is gone now.
+    await kapi.delete_if_present(
+        path_of(
+            group="admissionregistration.k8s.io",
+            plural="validatingwebhookconfigurations",
+            name="nodewright-validator",
+        )
+    )
+    listed = await kapi.get(NODES)
+    await asyncio.gather(
+        *(kapi.delete_if_present(f"{NODES}/{n['metadata']['name']}") for n in listed["items"])
+    )
+
+
+async def delete_stream(rig: Rig) -> None:
+    nc = await nats.connect(rig.endpoints.nats_url)
+    try:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await nc.jetstream().delete_stream("NODEWRIGHT")
+    finally:
+        await nc.close()
+
+
+@pytest.fixture
+async def cluster(rig: Rig, kapi: Kube) -> AsyncIterator[Kube]:
+    """A cluster with the CRDs installed and nothing else NodeWright cares about."""
+    await manifests.install_crds(kapi)
+    await delete_all(kapi)
+    await delete_stream(rig)
+    yield kapi
+    await delete_all(kapi)
+    await delete_stream(rig)
+
+
+@dataclass
+class Services:
+    fleet: Fleet
+    namespace: str
+
+
+@pytest.fixture
+async def services(rig: Rig, cluster: Kube) -> AsyncIterator[Services]:
+    """The five services as processes in a fresh namespace; the test starts them."""
+    ns = f"nw-{uuid.uuid4().hex[:8]}"
+    await manifests.ensure_namespace(cluster, ns)
+    fleet = Fleet(
+        rig,
+        namespace=ns,
+        extra_env={
+            "NODEWRIGHT_PODS_SIM_STAGE_DURATION": "1s",
+            "NODEWRIGHT_RESYNC_INTERVAL_S": "10",
+        },
+    )
+    try:
+        yield Services(fleet=fleet, namespace=ns)
+    finally:
+        codes = await asyncio.to_thread(fleet.stop)
+        await cluster.delete_if_present(path_of(plural="namespaces", name=ns))
+        bad = {name: code for name, code in codes.items() if code not in (0, -9)}
+        assert not bad, f"services exited uncleanly on SIGTERM: {bad}"
+
+
+@dataclass
+class Sampler:
+    """Calls ``probe`` every ``interval_s`` in the background and keeps the results."""
+
+    probe: Callable[[], Awaitable[Any]]
+    interval_s: float = 0.2
+    samples: list[Any] = field(default_factory=list)
+    _task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(ApiError, OSError):
+                self.samples.append(await self.probe())
+            await asyncio.sleep(self.interval_s)
+
+    async def __aenter__(self) -> Sampler:
+        self._task = asyncio.create_task(self._run(), name="sampler")
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.stop()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+
+@dataclass
+class PodLedger:
+    """Every NodeWright pod ever created in a namespace: name -> set of UIDs."""
+
+    uids: dict[str, set[str]] = field(default_factory=dict)
+
+    def on_change(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if new is not None:
+            self.uids.setdefault(new["metadata"]["name"], set()).add(new["metadata"]["uid"])
+
+    def duplicates(self) -> dict[str, set[str]]:
+        return {name: uids for name, uids in self.uids.items() if len(uids) > 1}
+
+
+@contextlib.asynccontextmanager
+async def pod_ledger(kapi: Kube, namespace: str) -> AsyncIterator[PodLedger]:
+    ledger = PodLedger()
+    informer = Informer(
+        kube=kapi,
+        path=path_of(plural="pods", namespace=namespace),
+        on_change=ledger.on_change,
+        label_selector="app.kubernetes.io/managed-by=nodewright",
+        name="ledger",
+    )
+    task = asyncio.create_task(informer.run(), name="pod-ledger")
+    try:
+        await asyncio.wait_for(informer.synced.wait(), 30)
+        yield ledger
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def read_cr(kapi: Kube, name: str) -> api.NodeWright:
+    return api.from_dict(await kapi.get(f"{manifests.NODEWRIGHTS}/{name}"), api.NodeWright)

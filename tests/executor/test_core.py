@@ -1,0 +1,390 @@
+"""The executor core walks each package through its stages, gated by the validator's
+checks, merges interrupts, and turns pod outcomes into reasons."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from services.executor import core
+from shared import nodestate, pods, progress
+from shared.nodestate import (
+    CheckRecord,
+    DrainRecord,
+    ExecutorRecord,
+    PackageRecord,
+    Selection,
+    ValidatorRecord,
+)
+from shared.podspec import PodRequest
+from shared.pods import PodView
+from tests.helpers.facts import T0, node, nodewright
+
+CR = "gpu-node-tuning"
+SEL = Selection(
+    generation=1, compartment="default", batch=1, selected_at=T0, disruptive=True, target="t"
+)
+DRAINED = DrainRecord(phase="drained", cordoned=True, started=T0, since=T0)
+
+
+def _facts(
+    executor: ExecutorRecord | None = None, checks: dict[str, str] | None = None, **kw: Any
+) -> progress.NodeFacts:
+    records: dict[str, Any] = {nodestate.SCHEDULER: SEL, nodestate.DRAINER: DRAINED}
+    if executor is not None:
+        records[nodestate.EXECUTOR] = executor
+    if checks:
+        records[nodestate.VALIDATOR] = ValidatorRecord(
+            checks={k: CheckRecord(verdict=v, at=T0) for k, v in checks.items()}  # type: ignore[arg-type]
+        )
+    return progress.facts(node("n1", records=records, **kw), CR)
+
+
+def _pod(req: PodRequest, phase: str, **kw: Any) -> PodView:
+    return PodView(
+        name=req.name,
+        cr=CR,
+        node="n1",
+        role=req.role,
+        package=req.package,
+        stage=req.stage,
+        version=req.version,
+        attempt=req.attempt,
+        phase=phase,
+        deleting=False,
+        created=T0,
+        **kw,
+    )
+
+
+def _rec(d: core.Decision) -> ExecutorRecord:
+    assert d.record is not None
+    return d.record
+
+
+def test_a_fresh_node_starts_apply_then_config_after_each_check_passes() -> None:
+    cr = nodewright()
+    d1 = core.decide(cr=cr, node=_facts(), node_pods=[], now=T0)
+    (req,) = d1.create
+    assert (req.package, req.stage, req.version, req.image) == (
+        "nvidia-tuned",
+        "apply",
+        "0.9.0",
+        "ghcr.io/nvidia/nodewright-packages/nvidia-tuned:0.9.0",
+    )
+    assert _rec(d1).packages["nvidia-tuned"].state == "running"
+    assert [e.kind for e in d1.publish] == ["stage.started"]
+
+    # The pod succeeded: recorded, but config waits for the validator's check.
+    d2 = core.decide(cr=cr, node=_facts(_rec(d1)), node_pods=[_pod(req, "Succeeded")], now=T0)
+    assert _rec(d2).packages["nvidia-tuned"].state == "succeeded"
+    assert d2.create == ()
+    d3 = core.decide(cr=cr, node=_facts(_rec(d2)), node_pods=[_pod(req, "Succeeded")], now=T0)
+    assert d3.record is None
+    assert d3.create == ()
+
+    # Check passed: the apply pod goes, config starts.
+    checks = {nodestate.check_key("nvidia-tuned", "0.9.0", "apply"): "passed"}
+    d4 = core.decide(
+        cr=cr, node=_facts(_rec(d2), checks), node_pods=[_pod(req, "Succeeded")], now=T0
+    )
+    assert [r.stage for r in d4.create] == ["config"]
+    assert d4.delete == (req.name,)
+
+    # Config done and checked: the package is installed.
+    cfg = d4.create[0]
+    d5 = core.decide(
+        cr=cr, node=_facts(_rec(d4), checks), node_pods=[_pod(cfg, "Succeeded")], now=T0
+    )
+    checks[nodestate.check_key("nvidia-tuned", "0.9.0", "config")] = "passed"
+    d6 = core.decide(
+        cr=cr, node=_facts(_rec(d5), checks), node_pods=[_pod(cfg, "Succeeded")], now=T0
+    )
+    final = _rec(d6).packages["nvidia-tuned"]
+    assert final.installed == "0.9.0"
+    assert progress.package_done(progress.desired(cr)["nvidia-tuned"], final)
+
+
+def test_a_failed_pod_fails_the_package_with_exit_code_and_keeps_the_pod() -> None:
+    cr = nodewright()
+    d1 = core.decide(cr=cr, node=_facts(), node_pods=[], now=T0)
+    req = d1.create[0]
+    d2 = core.decide(
+        cr=cr,
+        node=_facts(_rec(d1)),
+        node_pods=[_pod(req, "Failed", exit_code=3, message="boom")],
+        now=T0,
+    )
+    rec = _rec(d2).packages["nvidia-tuned"]
+    assert rec.state == "failed"
+    assert rec.reason is not None
+    assert rec.reason.code == "StageFailed"
+    assert "code 3" in rec.reason.message
+    assert rec.reason.details["exitCode"] == "3"
+    assert d2.delete == ()
+    assert [e.kind for e in d2.publish] == ["stage.failed"]
+
+
+def test_an_unpullable_image_fails_after_the_grace_period_naming_the_image() -> None:
+    cr = nodewright()
+    d1 = core.decide(cr=cr, node=_facts(), node_pods=[], now=T0)
+    req = d1.create[0]
+    pod = _pod(
+        req,
+        "Pending",
+        waiting_reason="ImagePullBackOff",
+        waiting_message="not found",
+        image="ghcr.io/x:0.9.0",
+    )
+    early = core.decide(
+        cr=cr,
+        node=_facts(_rec(d1)),
+        node_pods=[pod],
+        now=T0 + timedelta(seconds=5),
+        image_pull_grace_s=30,
+    )
+    assert early.record is None
+    assert early.requeue_after is not None
+    assert early.requeue_after <= 25
+    late = core.decide(
+        cr=cr,
+        node=_facts(_rec(d1)),
+        node_pods=[pod],
+        now=T0 + timedelta(seconds=31),
+        image_pull_grace_s=30,
+    )
+    reason = _rec(late).packages["nvidia-tuned"].reason
+    assert reason is not None
+    assert reason.code == "ImagePullFailed"
+    assert "ghcr.io/x:0.9.0" in reason.message
+
+
+def test_a_stage_running_past_its_timeout_fails_and_its_pod_is_deleted() -> None:
+    cr = nodewright(stageTimeoutSeconds=60)
+    d1 = core.decide(cr=cr, node=_facts(), node_pods=[], now=T0)
+    req = d1.create[0]
+    d2 = core.decide(
+        cr=cr,
+        node=_facts(_rec(d1)),
+        node_pods=[_pod(req, "Running")],
+        now=T0 + timedelta(seconds=61),
+    )
+    reason = _rec(d2).packages["nvidia-tuned"].reason
+    assert reason is not None
+    assert reason.code == "StageTimeout"
+    assert d2.delete == (req.name,)
+
+
+def test_depends_on_orders_packages_and_independent_ones_run_in_parallel() -> None:
+    cr = nodewright(
+        packages={
+            "base": {"version": "1.0.0", "image": "r/base"},
+            "driver": {"version": "2.0.0", "image": "r/driver", "dependsOn": {"base": "1.0.0"}},
+            "other": {"version": "1.0.0", "image": "r/other"},
+        }
+    )
+    d1 = core.decide(cr=cr, node=_facts(), node_pods=[], now=T0)
+    assert sorted(r.package for r in d1.create) == ["base", "other"]
+
+
+def _installed(
+    cr_kwargs: dict[str, Any], name: str, version: str, config: dict[str, str] | None = None
+) -> PackageRecord:
+    d = progress.Desired  # for type only
+    del d
+    digest = progress.desired(nodewright(**cr_kwargs))[name].config_digest if config is None else ""
+    return PackageRecord(
+        version=version,
+        stage="config",
+        state="succeeded",
+        installed=version,
+        config=digest,
+        config_keys=progress.config_key_digests(config or {}),
+        updated=T0,
+    )
+
+
+def test_a_version_bump_runs_upgrade_from_the_installed_version() -> None:
+    old = nodewright()
+    rec = ExecutorRecord(packages={"nvidia-tuned": _installed({}, "nvidia-tuned", "0.9.0")})
+    assert progress.package_done(
+        progress.desired(old)["nvidia-tuned"], rec.packages["nvidia-tuned"]
+    )
+    new = nodewright(
+        packages={
+            "nvidia-tuned": {
+                "version": "1.0.0",
+                "image": "ghcr.io/nvidia/nodewright-packages/nvidia-tuned",
+            }
+        }
+    )
+    d = core.decide(cr=new, node=_facts(rec), node_pods=[], now=T0)
+    (req,) = d.create
+    assert (req.stage, req.previous) == ("upgrade", "0.9.0")
+    assert _rec(d).packages["nvidia-tuned"].cycle == "upgrade"
+
+
+def test_a_config_change_reruns_config_with_an_interrupt_only_for_matching_keys() -> None:
+    pkg = {
+        "version": "1.0.0",
+        "image": "r/k",
+        "configMap": {"a.conf": "1", "b.conf": "1"},
+        "configInterrupts": {"b*": {"type": "service", "services": ["kubelet"]}},
+    }
+    before = nodewright(packages={"k": pkg})
+    d0 = progress.desired(before)["k"]
+    rec = PackageRecord(
+        version="1.0.0",
+        stage="config",
+        state="succeeded",
+        installed="1.0.0",
+        config=d0.config_digest,
+        config_keys=progress.config_key_digests(d0.config),
+        updated=T0,
+    )
+    change_a = nodewright(packages={"k": {**pkg, "configMap": {"a.conf": "2", "b.conf": "1"}}})
+    da = core.decide(
+        cr=change_a, node=_facts(ExecutorRecord(packages={"k": rec})), node_pods=[], now=T0
+    )
+    assert [r.stage for r in da.create] == ["config"]
+    assert _rec(da).packages["k"].interrupt == ""
+    change_b = nodewright(packages={"k": {**pkg, "configMap": {"a.conf": "1", "b.conf": "2"}}})
+    db = core.decide(
+        cr=change_b, node=_facts(ExecutorRecord(packages={"k": rec})), node_pods=[], now=T0
+    )
+    assert _rec(db).packages["k"].interrupt == "service"
+    assert _rec(db).packages["k"].interrupt_services == ("kubelet",)
+
+
+def _at_interrupt(version: str, kind: str, services: tuple[str, ...] = ()) -> PackageRecord:
+    return PackageRecord(
+        version=version,
+        stage="interrupt",
+        state="running",
+        interrupt=kind,
+        interrupt_services=services,
+        updated=T0,
+    )
+
+
+def test_interrupts_merge_into_one_reboot_that_is_judged_by_the_boot_id() -> None:
+    cr = nodewright(
+        packages={
+            "a": {
+                "version": "1.0.0",
+                "image": "r/a",
+                "interrupt": {"type": "service", "services": ["x"]},
+            },
+            "b": {"version": "1.0.0", "image": "r/b", "interrupt": {"type": "reboot"}},
+        }
+    )
+    rec = ExecutorRecord(
+        packages={
+            "a": _at_interrupt("1.0.0", "service", ("x",)),
+            "b": _at_interrupt("1.0.0", "reboot"),
+        }
+    )
+    d1 = core.decide(cr=cr, node=_facts(rec, boot_id="boot-1"), node_pods=[], now=T0)
+    (req,) = d1.create
+    assert req.role == "interrupt"
+    assert req.interrupt is not None
+    assert req.interrupt.type == "reboot"
+    intr = _rec(d1).interrupt
+    assert intr is not None
+    assert intr.boot_id_before == "boot-1"
+    assert intr.packages == ("a", "b")
+
+    # The interrupt container exits 0 but the boot ID is unchanged: not done.
+    same_boot = core.decide(
+        cr=cr, node=_facts(_rec(d1), boot_id="boot-1"), node_pods=[_pod(req, "Succeeded")], now=T0
+    )
+    assert same_boot.record is None
+    # The container dies with the reboot (exit 143): still not a failure.
+    killed = core.decide(
+        cr=cr,
+        node=_facts(_rec(d1), boot_id="boot-1"),
+        node_pods=[_pod(req, "Failed", exit_code=143)],
+        now=T0,
+    )
+    assert killed.record is None
+    # New boot ID but the node is not Ready yet: not done.
+    not_ready = core.decide(
+        cr=cr, node=_facts(_rec(d1), boot_id="boot-2", ready=False), node_pods=[], now=T0
+    )
+    assert not_ready.record is None
+    # New boot ID and Ready: post-interrupt for both packages.
+    done = core.decide(
+        cr=cr,
+        node=_facts(_rec(d1), boot_id="boot-2"),
+        node_pods=[_pod(req, "Failed", exit_code=143)],
+        now=T0,
+    )
+    assert sorted((r.package, r.stage) for r in done.create) == [
+        ("a", "post-interrupt"),
+        ("b", "post-interrupt"),
+    ]
+    assert done.delete == (req.name,)
+
+
+def test_an_interrupt_waits_for_packages_still_heading_for_one() -> None:
+    cr = nodewright(
+        packages={
+            "a": {"version": "1.0.0", "image": "r/a", "interrupt": {"type": "reboot"}},
+            "b": {"version": "1.0.0", "image": "r/b", "interrupt": {"type": "reboot"}},
+        }
+    )
+    b_config = PackageRecord(
+        version="1.0.0", stage="config", state="running", interrupt="reboot", updated=T0
+    )
+    rec = ExecutorRecord(packages={"a": _at_interrupt("1.0.0", "reboot"), "b": b_config})
+    d = core.decide(cr=cr, node=_facts(rec), node_pods=[], now=T0)
+    assert all(r.role != "interrupt" for r in d.create), "one reboot for both, after b's config"
+
+
+def test_nothing_starts_before_the_drain_finished() -> None:
+    facts = progress.facts(
+        node(
+            "n1",
+            records={
+                nodestate.SCHEDULER: SEL,
+                nodestate.DRAINER: DrainRecord(
+                    phase="draining", cordoned=True, started=T0, since=T0
+                ),
+            },
+        ),
+        CR,
+    )
+    assert core.decide(cr=nodewright(), node=facts, node_pods=[], now=T0).create == ()
+
+
+def test_pod_names_are_deterministic_and_valid() -> None:
+    a = pods.pod_name(
+        cr=CR,
+        node="n1.example.com",
+        role="stage",
+        package="nvidia-tuned",
+        stage="post-interrupt",
+        version="1.0.0",
+        attempt=1,
+    )
+    b = pods.pod_name(
+        cr=CR,
+        node="n1.example.com",
+        role="stage",
+        package="nvidia-tuned",
+        stage="post-interrupt",
+        version="1.0.0",
+        attempt=1,
+    )
+    c = pods.pod_name(
+        cr=CR,
+        node="n1.example.com",
+        role="stage",
+        package="nvidia-tuned",
+        stage="post-interrupt",
+        version="1.0.0",
+        attempt=2,
+    )
+    assert a == b
+    assert a != c
+    assert len(a) <= 63

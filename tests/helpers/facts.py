@@ -1,0 +1,74 @@
+"""Builders of NodeWright CRs and Node objects for pure-core tests (no I/O)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from shared import api, nodestate
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def nodewright(
+    name: str = "gpu-node-tuning",
+    *,
+    packages: Mapping[str, Mapping[str, Any]] | None = None,
+    generation: int = 1,
+    annotations: Mapping[str, str] | None = None,
+    **spec: Any,
+) -> api.NodeWright:
+    pkgs = packages or {
+        "nvidia-tuned": {
+            "version": "0.9.0",
+            "image": "ghcr.io/nvidia/nodewright-packages/nvidia-tuned",
+        }
+    }
+    body = {
+        "apiVersion": "nodewright.nvidia.com/v1alpha1",
+        "kind": "NodeWright",
+        "metadata": {
+            "name": name,
+            "generation": generation,
+            "uid": "uid-1",
+            "annotations": dict(annotations or {}),
+        },
+        "spec": {"nodeSelectors": {"matchLabels": {"nodepool": "gpu"}}, "packages": pkgs, **spec},
+    }
+    return api.from_dict(body, api.NodeWright)
+
+
+def node(
+    name: str,
+    *,
+    labels: Mapping[str, str] | None = None,
+    ready: bool = True,
+    unschedulable: bool = False,
+    boot_id: str = "boot-1",
+    created: str = "2026-01-01T00:00:00Z",
+    records: Mapping[str, msgspec.Struct] | None = None,
+    taints: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    """A Node dict; ``records`` maps an owner (nodestate.SCHEDULER ...) to its record for CR
+    gpu-node-tuning."""
+    annotations = {
+        nodestate.key(owner, "gpu-node-tuning"): msgspec.json.encode(rec).decode()
+        for owner, rec in (records or {}).items()
+    }
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {"nodepool": "gpu", **(labels or {})},
+            "annotations": annotations,
+            "creationTimestamp": created,
+            "resourceVersion": "1",
+        },
+        "spec": {"unschedulable": unschedulable, "taints": taints or []},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "nodeInfo": {"bootID": boot_id},
+        },
+    }

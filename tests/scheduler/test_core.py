@@ -1,0 +1,145 @@
+"""The scheduler core admits nodes within the budget and says why others wait."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler import core
+from shared import nodestate, progress
+from shared.nodestate import DrainRecord, Selection
+from tests.helpers.facts import T0, node, nodewright
+
+
+def _facts(*nodes: dict[str, object]) -> list[progress.NodeFacts]:
+    return [progress.facts(n, "gpu-node-tuning") for n in nodes]
+
+
+def _selection(target: str = "x") -> Selection:
+    return Selection(
+        generation=1, compartment="default", batch=1, selected_at=T0, disruptive=True, target=target
+    )
+
+
+@pytest.mark.parametrize(
+    ("budget", "matched", "expected"),
+    [
+        pytest.param(None, 10, 1, id="unset-one-at-a-time"),
+        pytest.param({"count": 3}, 10, 3, id="count"),
+        pytest.param({"percent": 33}, 30, 9, id="percent-rounds-down"),
+        pytest.param({"percent": 33}, 2, 1, id="percent-minimum-one"),
+        pytest.param({"percent": 50}, 0, 0, id="no-nodes"),
+    ],
+)
+def test_budget_of(budget: dict[str, int] | None, matched: int, expected: int) -> None:
+    cr = nodewright(interruptionBudget=budget) if budget else nodewright()
+    assert core.budget_of(cr.spec.interruption_budget, matched) == expected
+
+
+def test_only_target_nodes_are_admitted_and_never_more_than_the_budget() -> None:
+    cr = nodewright(interruptionBudget={"percent": 33})
+    nodes = [node(f"gpu-{i}") for i in range(9)] + [
+        node(f"cpu-{i}", labels={"nodepool": "cpu"}) for i in range(3)
+    ]
+    plan = core.plan(cr=cr, policy=None, nodes=_facts(*nodes), now=T0)
+    assert plan.targets == tuple(f"gpu-{i}" for i in range(9))
+    assert [a.node for a in plan.admit] == ["gpu-0", "gpu-1"]  # 33% of 9 = 2.97 -> 2
+    assert plan.waiting["gpu-5"].code == "BudgetExhausted"
+    assert all(not n.startswith("cpu") for n in plan.waiting)
+
+
+def test_admitted_unfinished_nodes_and_unavailable_nodes_hold_budget_slots() -> None:
+    cr = nodewright(interruptionBudget={"count": 2})
+    nodes = _facts(
+        node("a", records={nodestate.SCHEDULER: _selection()}),
+        node("b", ready=False),
+        node("c"),
+    )
+    plan = core.plan(cr=cr, policy=None, nodes=nodes, now=T0)
+    assert plan.in_flight == 2
+    assert plan.admit == ()
+    assert plan.waiting["c"].code == "BudgetExhausted"
+    assert plan.waiting["b"].code == "NodeNotReady"
+
+
+def test_a_node_cordoned_by_someone_else_counts_against_the_budget() -> None:
+    cr = nodewright(interruptionBudget={"count": 1})
+    plan = core.plan(
+        cr=cr, policy=None, nodes=_facts(node("a", unschedulable=True), node("b")), now=T0
+    )
+    assert plan.in_flight == 1
+    assert plan.admit == ()
+
+
+def test_finished_nodes_are_released_only_after_the_drainer_let_go() -> None:
+    cr = nodewright()
+    target = progress.target_digest(cr)
+    d = progress.desired(cr)["nvidia-tuned"]
+    done = nodestate.ExecutorRecord(
+        packages={
+            "nvidia-tuned": nodestate.PackageRecord(
+                version="0.9.0",
+                stage="config",
+                state="succeeded",
+                installed="0.9.0",
+                config=d.config_digest,
+                updated=T0,
+            )
+        }
+    )
+    validated = nodestate.ValidatorRecord(validated=target)
+    drain = DrainRecord(phase="drained", cordoned=True, started=T0, since=T0)
+    still_cordoned = node(
+        "a",
+        records={
+            nodestate.SCHEDULER: _selection(target),
+            nodestate.EXECUTOR: done,
+            nodestate.VALIDATOR: validated,
+            nodestate.DRAINER: drain,
+        },
+    )
+    released = node(
+        "b",
+        records={
+            nodestate.SCHEDULER: _selection(target),
+            nodestate.EXECUTOR: done,
+            nodestate.VALIDATOR: validated,
+        },
+    )
+    plan = core.plan(cr=cr, policy=None, nodes=_facts(still_cordoned, released), now=T0)
+    assert plan.release == ("b",)
+
+
+@pytest.mark.parametrize(
+    ("node_kwargs", "code"),
+    [
+        pytest.param({"labels": {nodestate.IGNORE_LABEL: "true"}}, "NodeIgnored", id="ignored"),
+        pytest.param(
+            {"taints": [{"key": "gpu", "value": "broken", "effect": "NoSchedule"}]},
+            "TaintNotTolerated",
+            id="taint",
+        ),
+    ],
+)
+def test_ineligible_nodes_wait_with_a_reason(node_kwargs: dict[str, object], code: str) -> None:
+    plan = core.plan(cr=nodewright(), policy=None, nodes=_facts(node("a", **node_kwargs)), now=T0)  # type: ignore[arg-type]
+    assert plan.admit == ()
+    assert plan.waiting["a"].code == code
+
+
+def test_a_paused_nodewright_admits_nothing_new() -> None:
+    cr = nodewright(annotations={"nodewright.nvidia.com/pause": "true"})
+    plan = core.plan(cr=cr, policy=None, nodes=_facts(node("a")), now=T0)
+    assert plan.admit == ()
+    assert plan.waiting["a"].code == "Paused"
+
+
+def test_drain_only_for_interrupts_admits_non_disruptively() -> None:
+    cr = nodewright(drain={"onlyForInterrupts": True})
+    plan = core.plan(cr=cr, policy=None, nodes=_facts(node("a")), now=T0)
+    assert plan.admit[0].selection.disruptive is False
+    cr2 = nodewright(
+        drain={"onlyForInterrupts": True},
+        packages={"k": {"version": "1.0.0", "image": "r/k", "interrupt": {"type": "reboot"}}},
+    )
+    plan2 = core.plan(cr=cr2, policy=None, nodes=_facts(node("a")), now=T0)
+    assert plan2.admit[0].selection.disruptive is True

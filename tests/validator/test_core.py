@@ -1,0 +1,204 @@
+"""The validator core runs each finished stage's check, records verdicts with reasons,
+validates the node, and lifts the readiness taint only when allowed."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from services.validator import core
+from shared import nodestate, progress
+from shared.nodestate import (
+    CheckRecord,
+    DrainRecord,
+    ExecutorRecord,
+    InterruptRecord,
+    PackageRecord,
+    Selection,
+    ValidatorRecord,
+)
+from shared.pods import PodView
+from shared.podspec import PodRequest
+from tests.helpers.facts import T0, node, nodewright
+
+CR = "gpu-node-tuning"
+SEL = Selection(
+    generation=1, compartment="default", batch=1, selected_at=T0, disruptive=True, target="t"
+)
+DRAINED = DrainRecord(phase="drained", cordoned=True, started=T0, since=T0)
+
+
+def _facts(
+    executor: ExecutorRecord, validator: ValidatorRecord | None = None, **kw: Any
+) -> progress.NodeFacts:
+    records: dict[str, Any] = {
+        nodestate.SCHEDULER: SEL,
+        nodestate.DRAINER: DRAINED,
+        nodestate.EXECUTOR: executor,
+    }
+    if validator is not None:
+        records[nodestate.VALIDATOR] = validator
+    return progress.facts(node("n1", records=records, **kw), CR)
+
+
+def _pod(req: PodRequest, phase: str, **kw: Any) -> PodView:
+    return PodView(
+        name=req.name,
+        cr=CR,
+        node="n1",
+        role="check",
+        package=req.package,
+        stage=req.stage,
+        version=req.version,
+        attempt=req.attempt,
+        phase=phase,
+        deleting=False,
+        created=T0,
+        **kw,
+    )
+
+
+APPLIED = ExecutorRecord(
+    packages={
+        "nvidia-tuned": PackageRecord(version="0.9.0", stage="apply", state="succeeded", updated=T0)
+    }
+)
+KEY = nodestate.check_key("nvidia-tuned", "0.9.0", "apply")
+
+
+def test_a_succeeded_stage_gets_a_check_pod_and_a_passing_check_is_published() -> None:
+    cr = nodewright()
+    d1 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[], now=T0)
+    (req,) = d1.create
+    assert (req.role, req.stage, req.package) == ("check", "apply", "nvidia-tuned")
+    assert d1.record is not None
+    assert d1.record.checks[KEY].verdict == "running"
+    d2 = core.decide(
+        cr=cr, node=_facts(APPLIED, d1.record), check_pods=[_pod(req, "Succeeded")], now=T0
+    )
+    assert d2.record is not None
+    assert d2.record.checks[KEY].verdict == "passed"
+    assert [e.kind for e in d2.publish] == ["stage.validated"]
+    assert d2.delete == (req.name,)
+
+
+def test_a_failing_check_records_the_output_tail_and_keeps_the_pod() -> None:
+    cr = nodewright()
+    d1 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[], now=T0)
+    req = d1.create[0]
+    failed = _pod(req, "Failed", exit_code=2, message="sysctl vm.swappiness is 60, want 10")
+    d2 = core.decide(cr=cr, node=_facts(APPLIED, d1.record), check_pods=[failed], now=T0)
+    assert d2.record is not None
+    verdict = d2.record.checks[KEY]
+    assert verdict.verdict == "failed"
+    assert verdict.reason is not None
+    assert verdict.reason.code == "CheckFailed"
+    assert "want 10" in verdict.reason.message
+    assert d2.delete == ()
+    assert [e.kind for e in d2.publish] == ["stage.validation-failed"]
+    assert progress.turn(cr, _facts(APPLIED, d2.record)) == "failed"
+
+
+def test_a_check_running_past_the_stage_timeout_fails() -> None:
+    cr = nodewright(stageTimeoutSeconds=30)
+    d1 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[], now=T0)
+    req = d1.create[0]
+    d2 = core.decide(
+        cr=cr,
+        node=_facts(APPLIED, d1.record),
+        check_pods=[_pod(req, "Running")],
+        now=T0 + timedelta(seconds=31),
+    )
+    assert d2.record is not None
+    reason = d2.record.checks[KEY].reason
+    assert reason is not None
+    assert reason.code == "CheckTimeout"
+
+
+def _done(cr_kwargs: dict[str, Any] | None = None) -> tuple[Any, ExecutorRecord]:
+    cr = nodewright(**(cr_kwargs or {}))
+    d = progress.desired(cr)["nvidia-tuned"]
+    rec = ExecutorRecord(
+        packages={
+            "nvidia-tuned": PackageRecord(
+                version="0.9.0",
+                stage="config",
+                state="succeeded",
+                installed="0.9.0",
+                config=d.config_digest,
+                updated=T0,
+            )
+        }
+    )
+    return cr, rec
+
+
+def test_a_node_with_every_package_done_is_validated_once_ready() -> None:
+    cr, rec = _done()
+    checks = ValidatorRecord(
+        checks={
+            nodestate.check_key("nvidia-tuned", "0.9.0", "config"): CheckRecord(
+                verdict="passed", at=T0
+            )
+        }
+    )
+    not_ready = core.decide(cr=cr, node=_facts(rec, checks, ready=False), check_pods=[], now=T0)
+    assert not_ready.record is not None
+    assert not_ready.record.validated == ""
+    assert not_ready.record.reason is not None
+    assert not_ready.record.reason.code == "NodeNotReady"
+    ready = core.decide(cr=cr, node=_facts(rec, checks), check_pods=[], now=T0)
+    assert ready.record is not None
+    assert ready.record.validated == progress.target_digest(cr)
+    assert [e.kind for e in ready.publish] == ["node.validated"]
+
+
+def test_a_node_is_not_validated_while_its_interrupt_runs() -> None:
+    cr, rec = _done()
+    rec = ExecutorRecord(
+        packages=rec.packages,
+        interrupt=InterruptRecord(type="reboot", state="running", boot_id_before="b1", started=T0),
+    )
+    d = core.decide(cr=cr, node=_facts(rec), check_pods=[], now=T0)
+    assert d.record is None or d.record.validated == ""
+
+
+def test_the_readiness_taint_goes_only_for_runtime_required_when_all_are_done() -> None:
+    cr, rec = _done({"runtimeRequired": True})
+    validated = ValidatorRecord(validated=progress.target_digest(cr))
+    facts = _facts(rec, validated)
+    assert core.decide(
+        cr=cr,
+        node=facts,
+        check_pods=[],
+        now=T0,
+        runtime_required_done=True,
+        has_readiness_taint=True,
+    ).remove_readiness_taint
+    assert not core.decide(
+        cr=cr,
+        node=facts,
+        check_pods=[],
+        now=T0,
+        runtime_required_done=False,
+        has_readiness_taint=True,
+    ).remove_readiness_taint
+    plain, rec2 = _done()
+    assert not core.decide(
+        cr=plain,
+        node=_facts(rec2),
+        check_pods=[],
+        now=T0,
+        runtime_required_done=True,
+        has_readiness_taint=True,
+    ).remove_readiness_taint
+
+
+def test_verdicts_for_versions_no_longer_wanted_are_dropped() -> None:
+    cr, rec = _done()
+    stale = ValidatorRecord(
+        checks={"nvidia-tuned/0.8.0/apply": CheckRecord(verdict="failed", at=T0)}
+    )
+    d = core.decide(cr=cr, node=_facts(rec, stale), check_pods=[], now=T0)
+    assert d.record is not None
+    assert "nvidia-tuned/0.8.0/apply" not in d.record.checks
