@@ -589,9 +589,9 @@ class Package(_Model, frozen=True, kw_only=True):
 class DrainOptions(_Model, frozen=True, kw_only=True):
     """How NodeWright empties a node before working on it (in the spirit of kubectl drain).
 
-    Cordon and drain happen before a node's first package stage of a rollout, after every
-    pod matching spec.podNonInterruptLabels has finished, and the node is uncordoned when the
-    NodeWright is complete on it.
+    Before a node's first package stage of a rollout it is cordoned (no new pods land), then
+    NodeWright waits for every pod matching spec.podNonInterruptLabels to finish, then drains
+    it; the node is uncordoned when the NodeWright is complete on it.
     """
 
     only_for_interrupts: bool = False
@@ -671,9 +671,10 @@ class NodeWrightSpec(_Model, frozen=True, kw_only=True):
     deployment_policy_options: DeploymentPolicyOptions | None = None
     """Overrides of the referenced DeploymentPolicy for this NodeWright."""
     pod_non_interrupt_labels: LabelSelector | None = None
-    """Pods matching this selector must not be interrupted: a node running such a pod is not
-    cordoned or drained until the pod finishes (it waits, without timeout). Unset or empty
-    protects no pod (unlike an empty selector elsewhere, which matches everything)."""
+    """Pods matching this selector must not be interrupted: a node running such a pod is
+    cordoned (so no new work lands) but not drained or changed until the pod finishes (it
+    waits, without timeout, and says which pods it waits for). Unset or empty protects no
+    pod (unlike an empty selector elsewhere, which matches everything)."""
     additional_tolerations: Annotated[list[Toleration], msgspec.Meta(max_length=64)] = (
         msgspec.field(default_factory=list)
     )

@@ -73,7 +73,8 @@ async def connect(
                 raise
             _log.warning("Failed to connect to NATS", extra={"error": str(exc), "retry_s": delay})
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await stopping.wait()
             if stopping.is_set():
                 raise
             delay = min(delay * 2, _MAX_CONNECT_BACKOFF_S)

@@ -83,7 +83,7 @@ class Supervisor:
         try:
             done, _ = await asyncio.wait([*tasks, stop_wait], return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                if task in tasks:
+                if task in tasks and not self._finished_for_stop(task):
                     exit_code = 1
                     self._report_crash(tasks[task], task)
             self.request_stop(self._reason or "root task ended")
@@ -112,6 +112,10 @@ class Supervisor:
                 loop.remove_signal_handler(sig)
         _log.info("Stopped service", extra={"exit_code": exit_code})
         return exit_code
+
+    def _finished_for_stop(self, task: asyncio.Task[None]) -> bool:
+        """A graceful task that returned because the stop began is not a crash."""
+        return self.stopping.is_set() and not task.cancelled() and task.exception() is None
 
     async def _wait_stop(self) -> None:
         await self.stopping.wait()

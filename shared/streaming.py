@@ -249,7 +249,8 @@ class Consumer:
                     extra={"consumer": self.spec.durable, "error": repr(exc), "retry_s": delay},
                 )
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.stopping.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await self.stopping.wait()
                 delay = min(delay * 2, _REBIND_BACKOFF_MAX_S)
 
     async def _pull(self, sub: JetStreamContext.PullSubscription) -> None:

@@ -120,8 +120,11 @@ class WorkQueue(Generic[K]):
                 self.add(key)
             self._timer_wakeup.clear()
             timeout = self._timers[0][0] - now if self._timers else None
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            # that arrives together with the wake-up, leaving this task unstoppable.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._timer_wakeup.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._timer_wakeup.wait()
 
     def _busy_workers(
         self, workers: list[asyncio.Task[None]]

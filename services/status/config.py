@@ -2,8 +2,26 @@
 
 from __future__ import annotations
 
-from shared.config import ServiceSettings
+from typing import Annotated
+
+import msgspec
+
+from shared.config import ServiceSettings, _Group
+
+
+class StatusSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    workers: Annotated[int, msgspec.Meta(ge=1)] = 4
+    """NodeWrights whose status is computed concurrently; one pass reads every node."""
+    node_writes: Annotated[int, msgspec.Meta(ge=1)] = 16
+    """Node status records and conditions written concurrently within one pass: the first
+    pass over a large fleet writes two requests per node."""
+    replay_history: bool = False
+    """Whether a brand-new event consumer replays the stream's history into Kubernetes Events.
+    false: it starts at the stream's end, so installing the service does not raise a week of
+    old Events. An existing consumer always resumes where it stopped."""
 
 
 class Settings(ServiceSettings, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Settings of the status service: the shared groups (nats, kube, health) and its own."""
+
+    status: StatusSettings = msgspec.field(default_factory=StatusSettings)

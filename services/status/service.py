@@ -1,22 +1,536 @@
-"""The status service's async shell: wires its resources and root tasks to the supervisor.
+"""The status service's async shell: caches, writing what the core computed, and turning bus
+traffic into Kubernetes Events.
 
-Folds events and observed state into CR status, node conditions and Events. Decisions are
-made by the pure core; this module only performs I/O.
+For each NodeWright (the work key) it reads the cached CR, its DeploymentPolicy and every node
+that is a target or carries a record of the CR, asks :mod:`services.status.core` for the node
+views, the CR status and the per-node writes, then writes each node's status record (merge
+patch) and node condition (strategic merge patch on ``nodes/<name>/status``), both with the
+node's resourceVersion as precondition and through to the cache, and finally, once per pass
+and only if it changed, the CR status (merge patch on ``/status``, also with a
+resourceVersion precondition: a stale pass is refused and re-run). When the CR is gone it
+removes its status records and conditions from the nodes.
+
+Events are nudges: the consumer of ``nw.ev.>`` creates the Kubernetes Events each event
+raises (``services.status.kube_events``) and acks after a status pass of the CR that started
+after it. A second, raw consumer reads the dead-letter subjects ``nw.dlq.>`` and raises a
+Warning Event for each message, whatever its payload; it never dead-letters anything itself.
+Any replica may do any of it: writes are preconditioned and Event names deterministic.
+Deciding is the core's job.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
+import msgspec
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from prometheus_client import Counter
+
+from services.status import assessing, core, kube_events
 from services.status.config import Settings
-from shared import runtime
+from shared import api, events, nodestate, progress, runtime, streaming, subjects
+from shared.bus import Bus
+from shared.controller import Controller, patch_node
+from shared.informer import Informer, strip_managed_fields
+from shared.kube import JSON, ApiError, path_of
 
 NAME = "status"
+DEAD_LETTER_CONSUMER = f"{NAME}-dead-letters"
+_log = logging.getLogger("nodewright.status")
+
+NODEWRIGHTS = path_of(group=api.GROUP, version=api.VERSION, plural=api.NODEWRIGHT_PLURAL)
+POLICIES = path_of(group=api.GROUP, version=api.VERSION, plural=api.DEPLOYMENT_POLICY_PLURAL)
+NODES = path_of(plural="nodes")
+
+_CONDITION_PREFIX = f"{nodestate.DOMAIN}/"
+_RECORD_OWNERS = (nodestate.SCHEDULER, nodestate.DRAINER, nodestate.EXECUTOR, nodestate.VALIDATOR)
+_REBIND_BACKOFF_MAX_S = 10.0
+
+
+def _uid(obj: Mapping[str, Any] | None) -> str:
+    return str(((obj or {}).get("metadata") or {}).get("uid") or "")
+
+
+def _temporary(exc: ApiError) -> bool:
+    """Worth retrying: no answer, throttled, or a server-side failure."""
+    return exc.status in (0, 429) or exc.status >= 500
+
+
+def _signature(node: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Everything about a node the status of a NodeWright depends on, except what this
+    service writes itself: a change that leaves it equal (our own record or condition, a
+    heartbeat) needs no new pass. Edits to our own writes are repaired by the resync."""
+    meta = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    status = node.get("status") or {}
+    annotations = {
+        k: v
+        for k, v in (meta.get("annotations") or {}).items()
+        if not k.startswith(nodestate.STATUS + "/")
+    }
+    ready = [c.get("status") for c in status.get("conditions") or () if c.get("type") == "Ready"]
+    return (
+        meta.get("labels"),
+        annotations,
+        bool(spec.get("unschedulable")),
+        spec.get("taints"),
+        ready,
+        (status.get("nodeInfo") or {}).get("bootID"),
+    )
+
+
+def _slim_node(obj: JSON) -> JSON:
+    """Keep of a node's status only what NodeWright status depends on (conditions, boot
+    ID): at thousands of nodes, images and capacities would dominate the cache."""
+    obj = strip_managed_fields(obj)
+    status = obj.get("status")
+    if isinstance(status, dict):
+        boot_id = (status.get("nodeInfo") or {}).get("bootID") or ""
+        obj["status"] = {
+            "conditions": status.get("conditions") or [],
+            "nodeInfo": {"bootID": boot_id},
+        }
+    return obj
+
+
+class Status:
+    def __init__(self, ctx: runtime.ServiceContext, settings: Settings) -> None:
+        self.ctx = ctx
+        self.settings = settings.status
+        self.controller: Controller[str] = Controller(
+            ctx=ctx,
+            name=NAME,
+            reconcile=self.reconcile,
+            all_keys=self.all_keys,
+            workers=self.settings.workers,
+        )
+        c = self.controller
+        self.crs: Informer = c.watch(NODEWRIGHTS, to_keys=self._cr_keys, name="nodewrights")
+        self.policies: Informer = c.watch(POLICIES, to_keys=self._policy_keys, name="policies")
+        self.nodes: Informer = c.watch(
+            NODES, to_keys=self._node_keys, name="nodes", transform=_slim_node
+        )
+        self._selectors: dict[str, tuple[str, api.LabelSelector | None]] = {}
+        self._kube_events = Counter(
+            "nodewright_status_kube_events",
+            "Kubernetes Events this service created, by type and whether it existed already",
+            ["type", "duplicate"],
+            registry=ctx.registry,
+        )
+        self._writes = Counter(
+            "nodewright_status_writes",
+            "Writes of status records, node conditions and NodeWright statuses, by outcome",
+            ["object", "outcome"],
+            registry=ctx.registry,
+        )
+        new_only = not self.settings.replay_history
+        c.consumers.append(
+            streaming.Consumer(
+                bus=ctx.bus,
+                spec=streaming.ConsumerSpec(
+                    durable=NAME,
+                    filter_subjects=(f"{subjects.EVENTS}.>",),
+                    deliver_new_only=new_only,
+                ),
+                handler=self._on_event,
+                service=ctx.name,
+                stopping=ctx.supervisor.stopping,
+                registry=ctx.registry,
+            )
+        )
+        self.dead_letters = DeadLetterReader(
+            bus=ctx.bus,
+            spec=streaming.ConsumerSpec(
+                durable=DEAD_LETTER_CONSUMER,
+                filter_subjects=(f"{subjects.DEAD_LETTERS}.>",),
+                deliver_new_only=new_only,
+                concurrency=1,
+            ),
+            report=self._on_dead_letter,
+            stopping=ctx.supervisor.stopping,
+        )
+
+    def register(self) -> None:
+        self.controller.register()
+        self.ctx.supervisor.add(
+            f"consumer:{DEAD_LETTER_CONSUMER}", self.dead_letters.run, graceful=True
+        )
+
+    # ---- key mapping ------------------------------------------------------------------
+
+    def all_keys(self) -> Iterable[str]:
+        """Every NodeWright, and every name whose status records outlived the NodeWright."""
+        names = {str(o["metadata"]["name"]) for o in self.crs.values()}
+        for node in self.nodes.values():
+            names.update(nodestate.crs_with(node, nodestate.STATUS))
+        return sorted(names)
+
+    def _cr_keys(self, old: JSON | None, new: JSON | None) -> Iterable[str]:
+        obj = new or old
+        if not obj:
+            return []
+        name = str(obj["metadata"]["name"])
+        if new is None:
+            self._selectors.pop(name, None)
+        return [name]
+
+    def _policy_keys(self, old: JSON | None, new: JSON | None) -> Iterable[str]:
+        obj = new or old
+        if not obj:
+            return []
+        name = obj["metadata"]["name"]
+        return [
+            str(cr["metadata"]["name"])
+            for cr in self.crs.values()
+            if (cr.get("spec") or {}).get("deploymentPolicy") == name
+        ]
+
+    def _selector(self, raw: JSON) -> api.LabelSelector | None:
+        """A NodeWright's node selector, decoded once per generation (status writes do not
+        change it)."""
+        meta = raw.get("metadata") or {}
+        name, generation = str(meta.get("name")), str(meta.get("generation") or "")
+        memo = self._selectors.get(name)
+        if memo is not None and memo[0] == generation:
+            return memo[1]
+        try:
+            selector: api.LabelSelector | None = api.from_dict(
+                (raw.get("spec") or {}).get("nodeSelectors") or {}, api.LabelSelector
+            )
+        except msgspec.ValidationError:
+            selector = None
+        self._selectors[name] = (generation, selector)
+        return selector
+
+    def _node_keys(self, old: JSON | None, new: JSON | None) -> Iterable[str]:
+        if old is not None and new is not None and _signature(old) == _signature(new):
+            return []
+        keys: set[str] = set()
+        for obj in (old, new):
+            if obj is None:
+                continue
+            for owner in (*_RECORD_OWNERS, nodestate.STATUS):
+                keys.update(nodestate.crs_with(obj, owner))
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            for raw in self.crs.values():
+                selector = self._selector(raw)
+                if selector is not None and progress.selector_matches(selector, labels):
+                    keys.add(str(raw["metadata"]["name"]))
+        return sorted(keys)
+
+    # ---- reconcile ----------------------------------------------------------------------
+
+    async def reconcile(self, name: str) -> float | None:
+        raw = self.crs.get(name)
+        if raw is None:
+            return None if await self._clean_up(name) else 0.5
+        try:
+            cr = api.from_dict(raw, api.NodeWright)
+        except msgspec.ValidationError as exc:
+            _log.error("Skipped invalid NodeWright", extra={"nodewright": name, "error": str(exc)})
+            return None
+        policy = self._policy(cr)
+        selector = cr.spec.node_selectors
+        observed = [
+            assessing.observe(n, name)
+            for n in self.nodes.values()
+            if assessing.involves(n, name, selector)
+        ]
+        now = self.ctx.clock()
+        views = assessing.assess(cr, policy, observed, now)
+        status = core.summarize(cr, policy, views, now)
+        updates = core.node_updates(name, views, observed, now)
+        nodes_ok = status_ok = False
+        try:
+            nodes_ok = await self._write_nodes(name, updates)
+        finally:
+            # The status is written once per pass, whatever happened to the node writes.
+            status_ok = await self._write_status(name, raw, cr, status)
+        if not (nodes_ok and status_ok):
+            return 0.5
+        return self.ctx.settings.resync_interval_s
+
+    def _policy(self, cr: api.NodeWright) -> api.DeploymentPolicy | None:
+        if not cr.spec.deployment_policy:
+            return None
+        raw = self.policies.get(cr.spec.deployment_policy)
+        if raw is None:
+            return None
+        try:
+            return api.from_dict(raw, api.DeploymentPolicy)
+        except msgspec.ValidationError as exc:
+            _log.error(
+                "Skipped invalid DeploymentPolicy",
+                extra={"policy": cr.spec.deployment_policy, "error": str(exc)},
+            )
+            return None
+
+    async def _clean_up(self, name: str) -> bool:
+        """The NodeWright is gone: remove its status records and node conditions; False if
+        a node changed meanwhile."""
+        observed = [
+            assessing.observe(n, name)
+            for n in self.nodes.values()
+            if assessing.involves(n, name, None)
+        ]
+        return await self._write_nodes(
+            name, core.node_updates(name, [], observed, self.ctx.clock())
+        )
+
+    async def _write_nodes(self, cr: str, updates: list[core.NodeUpdate]) -> bool:
+        """Apply the node updates, a few at a time; False if any node had changed meanwhile."""
+        if not updates:
+            return True
+        sem = asyncio.Semaphore(self.settings.node_writes)
+
+        async def one(update: core.NodeUpdate) -> bool:
+            async with sem:
+                return await self._write_node(cr, update)
+
+        results = await asyncio.gather(*(one(u) for u in updates), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        _log.info("Updated Node status", extra={"nodewright": cr, "nodes": len(updates)})
+        return all(results)
+
+    async def _write_node(self, cr: str, update: core.NodeUpdate) -> bool:
+        """Write one node's status record, then its condition; False if the node changed
+        meanwhile (the pass is re-run on fresh data)."""
+        cached = self.nodes.get(update.node)
+        if cached is None:
+            return True  # the node is gone, and its status with it
+        if update.write_record:
+            body = nodestate.patch(
+                nodestate.STATUS,
+                cr,
+                update.record,
+                resource_version=str(cached["metadata"]["resourceVersion"]),
+            )
+            if not await patch_node(self.ctx.kube, self.nodes, update.node, body):
+                return self._stale(cr, update.node, "record")
+            self._writes.labels("record", "written").inc()
+            cached = self.nodes.get(update.node) or cached
+        if update.write_condition:
+            entry = update.condition or {"type": assessing.condition_type(cr), "$patch": "delete"}
+            body = {
+                "metadata": {"resourceVersion": cached["metadata"]["resourceVersion"]},
+                "status": {"conditions": [entry]},
+            }
+            try:
+                written = await self.ctx.kube.patch(
+                    path_of(plural="nodes", name=update.node, subresource="status"),
+                    body,
+                    kind="strategic",
+                )
+            except ApiError as exc:
+                if exc.conflict or exc.not_found:
+                    return self._stale(cr, update.node, "condition")
+                raise
+            self.nodes.observe(written)
+            self._writes.labels("condition", "written").inc()
+        return True
+
+    def _stale(self, cr: str, node: str, what: str) -> bool:
+        self._writes.labels(what, "stale").inc()
+        _log.info("Skipped stale Node write", extra={"nodewright": cr, "node": node, "part": what})
+        return False
+
+    async def _write_status(
+        self, name: str, raw: JSON, cr: api.NodeWright, status: api.NodeWrightStatus
+    ) -> bool:
+        """Patch the CR status if it changed; False if the CR changed meanwhile."""
+        if status == cr.status:
+            return True
+        body = {
+            "metadata": {"resourceVersion": raw["metadata"]["resourceVersion"]},
+            "status": core.merge_patch(raw.get("status") or {}, api.to_dict(status)),
+        }
+        path = path_of(
+            group=api.GROUP,
+            version=api.VERSION,
+            plural=api.NODEWRIGHT_PLURAL,
+            name=name,
+            subresource="status",
+        )
+        try:
+            written = await self.ctx.kube.patch(path, body)
+        except ApiError as exc:
+            if exc.not_found:
+                return True  # deleted meanwhile: the next pass cleans up
+            if exc.conflict:
+                self._writes.labels("nodewright", "stale").inc()
+                _log.info("Skipped stale NodeWright status write", extra={"nodewright": name})
+                return False
+            raise
+        self.crs.observe(written)
+        self._writes.labels("nodewright", "written").inc()
+        _log.info(
+            "Updated NodeWright status",
+            extra={"nodewright": name, "state": status.state, "complete": status.complete_nodes},
+        )
+        return True
+
+    # ---- Kubernetes Events ----------------------------------------------------------------
+
+    async def _create_event(self, body: JSON) -> None:
+        """Create one Event; one that exists already (a redelivery) is success."""
+        path = path_of(plural="events", namespace=body["metadata"]["namespace"])
+        created = await self.ctx.kube.create_if_absent(path, body)
+        self._kube_events.labels(body["type"], str(created is None).lower()).inc()
+
+    async def _create_events(self, bodies: list[JSON], what: str) -> streaming.Outcome | None:
+        """Create the Events; an outcome other than None says to stop there."""
+        try:
+            for body in bodies:
+                await self._create_event(body)
+        except ApiError as exc:
+            if _temporary(exc):
+                return streaming.Retry(why=f"creating the Event: {exc}", delay_s=5.0)
+            # Refused for good (RBAC, validation): the Event is lost, the status is not.
+            _log.error(
+                "Failed to create Event",
+                extra={"about": what, "status": exc.status, "error": exc.message},
+            )
+        return None
+
+    async def _on_event(
+        self, event: events.AnyEvent, delivery: streaming.Delivery
+    ) -> streaming.Outcome:
+        bodies = kube_events.for_event(
+            event,
+            cr_uid=_uid(self.crs.get(event.cr)),
+            node_uid=_uid(self.nodes.get(event.node)) if event.node else "",
+            instance=self.ctx.identity,
+        )
+        stop = await self._create_events(bodies, event.kind)
+        if stop is not None:
+            return stop
+        if await self.controller.queue.reconcile_now(event.cr):
+            return streaming.Ack()
+        return streaming.Retry(why="status pass failed; it is retried with backoff", delay_s=5.0)
+
+    async def _on_dead_letter(self, msg: Msg) -> streaming.Outcome:
+        headers = msg.headers or {}
+        letter = kube_events.DeadLetter(
+            subject=msg.subject,
+            original_subject=headers.get(streaming.HEADER_SUBJECT, ""),
+            error=headers.get(streaming.HEADER_ERROR, ""),
+            deliveries=headers.get(streaming.HEADER_DELIVERIES, ""),
+            size=len(msg.data or b""),
+        )
+        original = letter.original
+        cr_raw = self.crs.get(original.cr) if original is not None else None
+        meta = msg.metadata
+        body = kube_events.for_dead_letter(
+            letter,
+            # Unique per stored message, the same on every redelivery of it.
+            key=f"{meta.stream}/{meta.sequence.stream}/{meta.timestamp.isoformat()}",
+            cr_uid=_uid(cr_raw) if cr_raw is not None else None,
+            fallback_namespace=self.ctx.settings.namespace,
+            at=meta.timestamp,
+            instance=self.ctx.identity,
+        )
+        stop = await self._create_events([body], "dead letter")
+        if stop is not None:
+            return stop
+        _log.warning(
+            "Reported dead-lettered message",
+            extra={
+                "subject": msg.subject,
+                "original_subject": letter.original_subject,
+                "why": letter.error,
+            },
+        )
+        return streaming.Ack()
+
+
+@dataclass
+class DeadLetterReader:
+    """A durable pull consumer of the dead-letter subjects that hands every message, decoded
+    or not, to ``report``. Unlike :class:`shared.streaming.Consumer` it never dead-letters:
+    a message it cannot report is dropped after ``max_deliver`` attempts, with an error log."""
+
+    bus: Bus
+    spec: streaming.ConsumerSpec
+    report: Callable[[Msg], Awaitable[streaming.Outcome]]
+    stopping: asyncio.Event
+
+    async def run(self) -> None:
+        delay = 0.2
+        while not self.stopping.is_set():
+            try:
+                await streaming.ensure_stream(self.bus.js, self.bus.settings)
+                await self.bus.js.add_consumer(self.bus.settings.stream, self.spec.config())
+                sub = await self.bus.js.pull_subscribe_bind(
+                    durable=self.spec.durable, stream=self.bus.settings.stream
+                )
+                delay = 0.2
+                try:
+                    await self._pull(sub)
+                finally:
+                    with contextlib.suppress(Exception):
+                        await sub.unsubscribe()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self.stopping.is_set():
+                    return
+                _log.warning(
+                    "Re-binding JetStream consumer",
+                    extra={"consumer": self.spec.durable, "error": repr(exc), "retry_s": delay},
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), delay)
+                delay = min(delay * 2, _REBIND_BACKOFF_MAX_S)
+
+    async def _pull(self, sub: JetStreamContext.PullSubscription) -> None:
+        while not self.stopping.is_set():
+            try:
+                msgs = await sub.fetch(self.spec.batch, timeout=1.0)
+            except TimeoutError:
+                # nats-py raises its own TimeoutError or asyncio's, depending on the moment.
+                continue
+            for msg in msgs:
+                await self._handle(msg)
+
+    async def _handle(self, msg: Msg) -> None:
+        deliveries = msg.metadata.num_delivered
+        try:
+            outcome = await self.report(msg)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            _log.exception("Failed to report dead letter", extra={"subject": msg.subject})
+            outcome = streaming.Retry(why=repr(exc), delay_s=5.0)
+        match outcome:
+            case streaming.Ack():
+                await msg.ack()
+            case streaming.Retry(why=why, delay_s=delay_s):
+                if deliveries >= self.spec.max_deliver:
+                    _log.error(
+                        "Dropped dead letter after retries",
+                        extra={"subject": msg.subject, "why": why, "attempt": deliveries},
+                    )
+                    await msg.term()
+                else:
+                    await msg.nak(delay=delay_s)
+            case streaming.Reject(why=why):
+                _log.error("Dropped dead letter", extra={"subject": msg.subject, "why": why})
+                await msg.term()
 
 
 async def build(ctx: runtime.ServiceContext) -> None:
     """Register the service's root tasks with the supervisor."""
+    assert isinstance(ctx.settings, Settings)
+    Status(ctx, ctx.settings).register()
 
 
 def main(environ: Mapping[str, str] | None = None) -> int:

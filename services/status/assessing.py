@@ -1,0 +1,433 @@
+"""Where each node stands for a NodeWright, as the status service reports it: pure.
+
+For every node that is a target of the CR or carries a record of it, :func:`assess` gives a
+phase (the fine-grained one of the status record and node condition), the coarse state the
+CR status counts, a machine-readable reason, the package concerned and since when:
+
+- whose turn it is comes from ``shared.progress.turn``, so every service agrees;
+- a node the scheduler has not admitted gets its reason from the scheduler's own
+  eligibility rules, in its order: ignored (Blocked NodeIgnored), untolerated taints
+  (Blocked TaintNotTolerated), a missing DeploymentPolicy (Blocked), disabled or paused
+  (Waiting), NotReady, then BudgetExhausted while the budget is full, else WaitingForBatch;
+- a drain record that waits or is blocked makes the node Waiting or Blocked with the
+  drainer's reason; any failed record makes it Failed with that record's reason; a record
+  that does not decode makes it Blocked (NodeStateMalformed).
+
+``since`` is the time a record gives for the state, else the previous status record's while
+phase and reason are unchanged, else ``now``: an unchanged world gives equal views. Nothing
+here raises on odd records. Summing views into the CR status is ``services.status.core``'s
+job; reading caches and writing is the shell's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import msgspec
+
+from shared import api, nodestate, progress
+from shared.events import Reason
+from shared.nodestate import NodePhase, StatusRecord
+from shared.progress import NodeFacts
+
+DEFAULT_COMPARTMENT: Final = "default"
+"""The compartment of nodes no policy compartment selects, as the scheduler records it."""
+
+# Machine-readable node reasons produced here (the others come from the services' records).
+COMPLETE: Final = "Complete"
+ADMITTED: Final = "Admitted"
+RELEASING: Final = "Releasing"
+UNCORDONING: Final = "Uncordoning"
+VALIDATING: Final = "Validating"
+WAITING_FOR_CHECK: Final = "WaitingForCheck"
+STAGE_PENDING: Final = "StagePending"
+INTERRUPTING: Final = "Interrupting"
+NODE_IGNORED: Final = "NodeIgnored"
+TAINT_NOT_TOLERATED: Final = "TaintNotTolerated"
+NODE_NOT_READY: Final = "NodeNotReady"
+NODE_STATE_MALFORMED: Final = "NodeStateMalformed"
+BUDGET_EXHAUSTED: Final = "BudgetExhausted"
+PAUSED: Final = "Paused"
+DISABLED: Final = "Disabled"
+NOT_TARGETED: Final = "NotTargeted"
+
+STATE_OF: Final[Mapping[NodePhase, api.NodeState]] = {
+    "Pending": "InProgress",
+    "Draining": "InProgress",
+    "Running": "InProgress",
+    "Validating": "InProgress",
+    "Waiting": "Waiting",
+    "Blocked": "Blocked",
+    "Failed": "Failed",
+    "Complete": "Complete",
+}
+"""Each phase (status record, node condition) is one state (counts, node details)."""
+
+MESSAGE_MAX: Final = 1024
+_REASON_OBJECTS: Final = 10
+_REASON_DETAILS: Final = 16
+_DETAIL_VALUE_MAX: Final = 256
+_INVALID_REASON_CHARS: Final = re.compile(r"[^A-Za-z0-9_,:]")
+_OWNERS: Final = (
+    nodestate.SCHEDULER,
+    nodestate.DRAINER,
+    nodestate.EXECUTOR,
+    nodestate.VALIDATOR,
+    nodestate.STATUS,
+)
+
+
+# ---- input -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One node for one CR: the facts every service shares, plus the status record and the
+    node condition this service wrote there before."""
+
+    facts: NodeFacts
+    record: StatusRecord | None = None
+    record_present: bool = False
+    """The status annotation exists (it may not decode: then it is rewritten)."""
+    condition: Mapping[str, Any] | None = None
+    """The node condition ``nodewright.nvidia.com/<cr>``, as the API returned it."""
+
+    @property
+    def name(self) -> str:
+        return self.facts.name
+
+
+def condition_type(cr: str) -> str:
+    """The node condition type carrying a CR's summary on each node."""
+    return f"{nodestate.DOMAIN}/{cr}"
+
+
+def _find_condition(node: Mapping[str, Any], ctype: str) -> Mapping[str, Any] | None:
+    for cond in (node.get("status") or {}).get("conditions") or ():
+        if isinstance(cond, Mapping) and cond.get("type") == ctype:
+            return cond
+    return None
+
+
+def involves(node: Mapping[str, Any], cr: str, selector: api.LabelSelector | None) -> bool:
+    """Whether ``node`` matters to ``cr``: a target (by ``selector``; None when the CR is
+    gone), or carrying any record or the node condition of the CR."""
+    if selector is not None:
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        if progress.selector_matches(selector, labels):
+            return True
+    annotations = nodestate.annotations_of(node)
+    if any(nodestate.key(owner, cr) in annotations for owner in _OWNERS):
+        return True
+    return _find_condition(node, condition_type(cr)) is not None
+
+
+def observe(node: Mapping[str, Any], cr: str) -> Observed:
+    """Read one node for ``cr``; a status record that does not decode reads as absent."""
+    try:
+        record = nodestate.read(node, nodestate.STATUS, cr, StatusRecord)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        record = None
+    return Observed(
+        facts=progress.facts(node, cr),
+        record=record,
+        record_present=nodestate.key(nodestate.STATUS, cr) in nodestate.annotations_of(node),
+        condition=_find_condition(node, condition_type(cr)),
+    )
+
+
+# ---- helpers -----------------------------------------------------------------------------
+
+
+def to_second(at: datetime) -> datetime:
+    """Times are kept to the second, like Kubernetes' own, so they survive a round trip."""
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    return at.astimezone(UTC).replace(microsecond=0)
+
+
+def truncate(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def reason_code(code: str) -> str:
+    """``code`` reduced to a valid CamelCase reason (letters, digits, ``_,:``), or Unknown."""
+    cleaned = _INVALID_REASON_CHARS.sub("", code).lstrip("0123456789_,:")
+    return cleaned[:128].rstrip(",:") or "Unknown"
+
+
+def _bounded(reason: Reason) -> Reason:
+    """A reason small enough for an annotation and valid for the CRD's reason pattern."""
+    details = sorted(reason.details.items())[:_REASON_DETAILS]
+    return Reason(
+        code=reason_code(reason.code),
+        message=truncate(reason.message, MESSAGE_MAX),
+        objects=reason.objects[:_REASON_OBJECTS],
+        details={k[:_DETAIL_VALUE_MAX]: v[:_DETAIL_VALUE_MAX] for k, v in details},
+    )
+
+
+def budget_nodes(budget: api.Budget | None, matched: int) -> int:
+    """A budget in nodes by the scheduler's rule: a percent of the matched nodes rounded down
+    but at least 1; unset means one node at a time; 0 when nothing matched."""
+    if not matched:
+        return 0
+    if budget is None:
+        return 1
+    if budget.count is not None:
+        return budget.count
+    if budget.percent is not None:
+        return max(1, matched * budget.percent // 100)
+    return 1
+
+
+def budget_of(cr: api.NodeWright, policy: api.DeploymentPolicy | None) -> api.Budget | None:
+    """The budget the scheduler applies to the CR's (default compartment's) nodes."""
+    return policy.spec.default.budget if policy is not None else cr.spec.interruption_budget
+
+
+def _busy(node: NodeFacts) -> bool:
+    """Holds a budget slot as the scheduler counts it: admitted, NotReady, or cordoned by
+    someone else."""
+    return (
+        node.selection is not None
+        or not node.ready
+        or (node.unschedulable and (node.drain is None or not node.drain.cordoned))
+    )
+
+
+# ---- per node ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One node's state for the CR."""
+
+    name: str
+    target: bool
+    """Selected by spec.nodeSelectors: only targets are counted and get a status record."""
+    phase: NodePhase
+    reason: Reason
+    since: datetime
+    package: str
+    compartment: str
+    """The compartment the scheduler admitted the node into (the default one until then)."""
+    facts: NodeFacts
+
+    @property
+    def state(self) -> api.NodeState:
+        return STATE_OF[self.phase]
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    phase: NodePhase
+    reason: Reason
+    package: str = ""
+    at: datetime | None = None
+    """When the node entered this state, if a record says so."""
+
+
+def _v(
+    phase: NodePhase, code: str, message: str, *, package: str = "", at: datetime | None = None
+) -> _Verdict:
+    return _Verdict(phase, Reason(code=code, message=message), package, at)
+
+
+@dataclass(frozen=True)
+class _Fleet:
+    """What the scheduler's eligibility rules need to know about all target nodes."""
+
+    policy_missing: bool
+    limit: int
+    in_flight: int
+
+
+def _failure(node: NodeFacts) -> _Verdict:
+    """The first failure on the node, in a fixed order: drain, packages, interrupt, checks."""
+    drain = node.drain
+    if drain is not None and drain.phase == "failed":
+        if drain.reason:
+            return _Verdict("Failed", drain.reason, at=drain.since)
+        return _v("Failed", "DrainFailed", "the drain failed", at=drain.since)
+    for name, rec in sorted(node.executor.packages.items()):
+        if rec.state == "failed":
+            if rec.reason:
+                return _Verdict("Failed", rec.reason, name, rec.updated)
+            text = f"stage {rec.stage} of {name} {rec.version} failed"
+            return _v("Failed", "StageFailed", text, package=name, at=rec.updated)
+    intr = node.executor.interrupt
+    if intr is not None and intr.state == "failed":
+        names = ",".join(intr.packages)
+        if intr.reason:
+            return _Verdict("Failed", intr.reason, names, intr.started)
+        text = f"the {intr.type} interrupt failed"
+        return _v("Failed", "InterruptFailed", text, package=names, at=intr.started)
+    for key, check in sorted(node.validator.checks.items()):
+        if check.verdict == "failed":
+            package = key.split("/", 1)[0]
+            if check.reason:
+                return _Verdict("Failed", check.reason, package, check.at)
+            return _v("Failed", "CheckFailed", f"check {key} failed", package=package, at=check.at)
+    return _v("Failed", "Failed", "a record of the node failed")
+
+
+def _not_admitted(cr: api.NodeWright, node: NodeFacts, fleet: _Fleet) -> _Verdict:
+    """Why the scheduler has not admitted the node: its rules, in its order."""
+    if node.ignored:
+        return _v("Blocked", NODE_IGNORED, f"node is labelled {nodestate.IGNORE_LABEL}=true")
+    taints = progress.untolerated_taints(cr, node)
+    if taints:
+        text = "taints not tolerated by additionalTolerations: " + ", ".join(taints)
+        return _v("Blocked", TAINT_NOT_TOLERATED, text)
+    if fleet.policy_missing:
+        text = f"DeploymentPolicy {cr.spec.deployment_policy} does not exist"
+        return _v("Blocked", api.NodeReason.POLICY_NOT_FOUND, text)
+    if cr.disabled:
+        return _v("Waiting", DISABLED, "the NodeWright is disabled")
+    if cr.paused:
+        return _v("Waiting", PAUSED, "the NodeWright is paused")
+    if not node.ready:
+        return _v("Waiting", NODE_NOT_READY, "node is not Ready")
+    if fleet.in_flight >= fleet.limit:
+        reason = Reason(
+            code=BUDGET_EXHAUSTED,
+            message=f"{fleet.in_flight} of {fleet.limit} budgeted nodes are in progress",
+            details={"budget": str(fleet.limit), "inProgress": str(fleet.in_flight)},
+        )
+        return _Verdict("Waiting", reason)
+    text = "a budget slot is free; waiting for the scheduler to admit the node"
+    return _v("Waiting", api.NodeReason.WAITING_FOR_BATCH, text)
+
+
+def _draining(node: NodeFacts) -> _Verdict:
+    """Admitted, and must be cordoned and drained first."""
+    drain, sel = node.drain, node.selection
+    if drain is None:
+        where = f" into batch {sel.batch} of compartment {sel.compartment}" if sel else ""
+        text = f"admitted{where}; waiting to be cordoned"
+        return _v("Pending", ADMITTED, text, at=sel.selected_at if sel else None)
+    if drain.reason is not None and drain.phase in ("waiting", "blocked"):
+        return _Verdict(
+            "Waiting" if drain.phase == "waiting" else "Blocked", drain.reason, "", drain.since
+        )
+    if drain.phase == "waiting":
+        text = "waiting for protected pods to finish before the drain"
+        return _v("Waiting", api.NodeReason.WAITING_FOR_PROTECTED_PODS, text, at=drain.since)
+    if drain.phase == "blocked":
+        return _v("Blocked", api.NodeReason.DRAIN_BLOCKED, "evictions are refused", at=drain.since)
+    if drain.reason is not None:
+        return _Verdict("Draining", drain.reason, "", drain.since)
+    return _v("Draining", api.NodeReason.DRAINING, f"drain phase {drain.phase}", at=drain.since)
+
+
+def _executing(cr: api.NodeWright, node: NodeFacts) -> _Verdict:
+    """Package stages to run: what runs now, or what the node waits for."""
+    desired = progress.desired(cr)
+    intr = node.executor.interrupt
+    if intr is not None and intr.state == "running":
+        code = api.NodeReason.REBOOTING if intr.type == "reboot" else INTERRUPTING
+        names = ",".join(intr.packages)
+        text = f"{intr.type} interrupt for {names or 'the packages'}"
+        return _v("Running", code, text, package=names, at=intr.started)
+    records = sorted((n, r) for n, r in node.executor.packages.items() if n in desired)
+    for name, rec in records:
+        if rec.state == "running":
+            text = f"stage {rec.stage} of {name} {rec.version} (attempt {rec.attempt})"
+            return _v("Running", api.NodeReason.STAGE_RUNNING, text, package=name, at=rec.updated)
+    for name, rec in records:
+        if rec.state == "succeeded" and not progress.package_done(desired[name], rec):
+            text = f"waiting for the check of stage {rec.stage} of {name} {rec.version}"
+            return _v("Running", WAITING_FOR_CHECK, text, package=name, at=rec.updated)
+    if cr.disabled:
+        return _v("Waiting", DISABLED, "the NodeWright is disabled")
+    if cr.paused:
+        return _v("Waiting", PAUSED, "the NodeWright is paused")
+    if not records:
+        sel = node.selection
+        text = "admitted; package stages have not started"
+        return _v("Pending", ADMITTED, text, at=sel.selected_at if sel else None)
+    return _v("Running", STAGE_PENDING, "the next stage has not started yet")
+
+
+def _verdict(cr: api.NodeWright, node: NodeFacts, fleet: _Fleet) -> _Verdict:
+    if node.malformed:
+        text = "annotations do not decode: " + ", ".join(node.malformed)
+        return _v("Blocked", NODE_STATE_MALFORMED, text)
+    match progress.turn(cr, node):
+        case "done":
+            text = "every package is at its desired version"
+            return _v("Complete", COMPLETE, text, at=node.validator.at)
+        case "release":
+            if node.drain is not None and node.drain.cordoned:
+                text = "validated; waiting for the cordon to be released"
+                return _v("Running", UNCORDONING, text, at=node.validator.at)
+            text = "validated; waiting for the admission to be released"
+            return _v("Running", RELEASING, text, at=node.validator.at)
+        case "failed":
+            return _failure(node)
+        case "scheduler":
+            return _not_admitted(cr, node, fleet)
+        case "drainer":
+            return _draining(node)
+        case "executor":
+            return _executing(cr, node)
+        case "validator":
+            return _v("Validating", VALIDATING, "every package is done; validating the node")
+
+
+def assess(
+    cr: api.NodeWright,
+    policy: api.DeploymentPolicy | None,
+    nodes: Sequence[Observed],
+    now: datetime,
+) -> list[NodeView]:
+    """The view of every given node for ``cr``, sorted by node name. Nodes that are not
+    targets get a NotTargeted view: they count only where packages are present."""
+    now = to_second(now)
+    selector = cr.spec.node_selectors
+    is_target = {o.name: progress.selector_matches(selector, o.facts.labels) for o in nodes}
+    targets = [o.facts for o in nodes if is_target[o.name]]
+    fleet = _Fleet(
+        policy_missing=bool(cr.spec.deployment_policy) and policy is None,
+        limit=budget_nodes(budget_of(cr, policy), len(targets)),
+        in_flight=sum(1 for f in targets if _busy(f)),
+    )
+    views: list[NodeView] = []
+    for obs in sorted(nodes, key=lambda o: o.name):
+        f = obs.facts
+        compartment = f.selection.compartment if f.selection else DEFAULT_COMPARTMENT
+        if is_target[obs.name]:
+            verdict = _verdict(cr, f, fleet)
+        else:
+            verdict = _v("Pending", NOT_TARGETED, "not selected by spec.nodeSelectors")
+        reason = _bounded(verdict.reason)
+        prev = obs.record
+        if verdict.at is not None:
+            since = to_second(verdict.at)
+        elif (
+            prev is not None
+            and prev.phase == verdict.phase
+            and prev.reason is not None
+            and prev.reason.code == reason.code
+        ):
+            since = to_second(prev.since)
+        else:
+            since = now
+        views.append(
+            NodeView(
+                name=f.name,
+                target=is_target[obs.name],
+                phase=verdict.phase,
+                reason=reason,
+                since=since,
+                package=verdict.package,
+                compartment=compartment,
+                facts=f,
+            )
+        )
+    return views

@@ -1,0 +1,464 @@
+"""The status service's decisions, as data: the CR status people and ``kubectl wait`` read,
+and what to write on each node.
+
+From one NodeWright, its DeploymentPolicy (None when it references none, or a missing one),
+the node views of ``services.status.assessing`` and ``now``:
+
+- :func:`compute_status` / :func:`summarize` give the CR status: node counts, ``3/5``,
+  the package list, per-package counts from the executor records, per-compartment progress
+  from the scheduler's admissions (the batch state is the scheduler's and carried over),
+  at most ``api.MAX_NODE_DETAILS`` node details (failed first, then blocked, in progress,
+  waiting) and the conditions: Ready always (True exactly when every target node is
+  complete for the current spec), then the problem conditions that hold
+  (DeploymentPolicyNotFound, TaintNotTolerated, NodesIgnored, DrainBlocked,
+  NodeStateMalformed). A condition's lastTransitionTime is kept while its status does not
+  change; the previous status is ``cr.status``;
+- :func:`node_updates` gives the status record and node condition
+  ``nodewright.nvidia.com/<cr>`` each node should carry, only where they differ;
+- :func:`merge_patch` turns the previous status into the new one as a JSON merge patch.
+
+Status is computed, never accumulated: equal input gives an equal output (sorted lists,
+bounded texts), so an unchanged world causes no write, and nothing here raises on odd
+records. Reading caches, writing and Kubernetes Events are other modules' jobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final, Literal
+
+from services.status import assessing
+from services.status.assessing import NodeView, Observed
+from shared import api
+from shared.nodestate import StatusRecord
+from shared.progress import NodeFacts
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+_DETAIL_RANK: Final[Mapping[api.NodeState, int]] = {
+    "Failed": 0,
+    "Blocked": 1,
+    "InProgress": 2,
+    "Waiting": 3,
+    "Unknown": 4,
+    "Complete": 5,
+}
+"""nodeDetails order: what needs attention first."""
+
+_CONDITION_MESSAGE_MAX: Final = 2048
+_EXAMPLES: Final = 3
+"""Nodes named per state in the Ready message; the rest are counted."""
+_CONDITION_NODES: Final = 5
+"""Nodes named in the other conditions' messages."""
+_PACKAGES_MAX: Final = 256
+_COMPARTMENTS_MAX: Final = 64
+
+
+# ---- the CR status ----------------------------------------------------------------------
+
+
+def compute_status(
+    cr: api.NodeWright,
+    policy: api.DeploymentPolicy | None,
+    node_facts: Sequence[NodeFacts | Observed],
+    now: datetime,
+) -> api.NodeWrightStatus:
+    """The status of ``cr`` from what the nodes say; ``cr.status`` is the previous status
+    (its conditions' lastTransitionTime and the compartments' batch state carry over)."""
+    observed = [n if isinstance(n, Observed) else Observed(facts=n) for n in node_facts]
+    return summarize(cr, policy, assessing.assess(cr, policy, observed, now), now)
+
+
+def summarize(
+    cr: api.NodeWright,
+    policy: api.DeploymentPolicy | None,
+    views: Sequence[NodeView],
+    now: datetime,
+) -> api.NodeWrightStatus:
+    """The CR status from node views (``assessing.assess``); equal input, equal output."""
+    now = assessing.to_second(now)
+    targets = [v for v in views if v.target]
+    by_state: dict[api.NodeState, int] = {}
+    for v in targets:
+        by_state[v.state] = by_state.get(v.state, 0) + 1
+    counts = api.NodeCounts(
+        target=len(targets),
+        complete=by_state.get("Complete", 0),
+        in_progress=by_state.get("InProgress", 0),
+        failed=by_state.get("Failed", 0),
+        waiting=by_state.get("Waiting", 0),
+        blocked=by_state.get("Blocked", 0),
+    )
+    compartments = _compartments(cr, policy, targets)
+    policy_missing = bool(cr.spec.deployment_policy) and policy is None
+    state = _rollout_state(cr, counts, compartments)
+    pending = sorted(
+        (v for v in targets if v.state != "Complete"),
+        key=lambda v: (_DETAIL_RANK[v.state], v.name),
+    )
+    details = [
+        api.NodeDetail(
+            node=v.name,
+            state=v.state,
+            reason=v.reason.code,
+            message=v.reason.message,
+            package=v.package[:43],
+            since=v.since,
+        )
+        for v in pending[: api.MAX_NODE_DETAILS]
+    ]
+    return api.NodeWrightStatus(
+        observed_generation=cr.metadata.generation,
+        state=state,
+        conditions=_conditions(cr, state, counts, pending, targets, policy_missing, now),
+        node_counts=counts,
+        complete_nodes=f"{counts.complete}/{counts.target}",
+        package_list=assessing.truncate(
+            ",".join(f"{n}:{p.version}" for n, p in sorted(cr.spec.packages.items())), 8192
+        ),
+        packages=_packages(cr, views),
+        compartments=compartments,
+        node_details=details,
+        node_details_omitted=len(pending) - len(details),
+    )
+
+
+def _rollout_state(
+    cr: api.NodeWright, counts: api.NodeCounts, compartments: Sequence[api.CompartmentStatus]
+) -> api.RolloutState:
+    """Complete when every target node is; then the lifecycle switches; then the state of the
+    remaining nodes, the one needing most attention first."""
+    if counts.complete == counts.target:
+        return "Complete"
+    if cr.disabled:
+        return "Disabled"
+    if cr.paused:
+        return "Paused"
+    if any(c.batch.stopped for c in compartments):
+        return "Stopped"
+    if counts.in_progress:
+        return "InProgress"
+    if counts.failed:
+        return "Failed"
+    if counts.blocked:
+        return "Blocked"
+    return "Waiting"
+
+
+def _packages(cr: api.NodeWright, views: Sequence[NodeView]) -> list[api.PackageStatus]:
+    """Every package version present on any node, and every spec version, with node counts."""
+    zero = {"present": 0, "complete": 0, "in_progress": 0, "failed": 0, "uninstalling": 0}
+    acc: dict[tuple[str, str], dict[str, int]] = {
+        (name, pkg.version): dict(zero) for name, pkg in cr.spec.packages.items()
+    }
+
+    def bump(name: str, version: str, field: str) -> None:
+        if 0 < len(name) <= 43 and 0 < len(version) <= 64:
+            acc.setdefault((name, version), dict(zero))[field] += 1
+
+    for v in views:
+        for name, rec in v.facts.executor.packages.items():
+            uninstall = rec.cycle == "uninstall"
+            present = {rec.installed} if rec.installed else set()
+            if rec.version != rec.installed and not (uninstall and rec.state == "succeeded"):
+                present.add(rec.version)
+            for version in present:
+                bump(name, version, "present")
+            if rec.state == "failed":
+                bump(name, rec.version, "failed")
+            elif uninstall and rec.installed:
+                bump(name, rec.version, "uninstalling")
+            elif rec.state == "running":
+                bump(name, rec.version, "in_progress")
+            elif rec.installed == rec.version and not uninstall:
+                bump(name, rec.version, "complete")
+    spec = {(n, p.version) for n, p in cr.spec.packages.items()}
+    ordered = sorted(acc.items(), key=lambda item: (item[0] not in spec, item[0]))
+    kept = sorted(ordered[:_PACKAGES_MAX], key=lambda item: item[0])
+    return [
+        api.PackageStatus(
+            name=name,
+            version=version,
+            present_nodes=c["present"],
+            complete_nodes=c["complete"],
+            in_progress_nodes=c["in_progress"],
+            failed_nodes=c["failed"],
+            uninstalling_nodes=c["uninstalling"],
+        )
+        for (name, version), c in kept
+    ]
+
+
+def _compartments(
+    cr: api.NodeWright, policy: api.DeploymentPolicy | None, targets: Sequence[NodeView]
+) -> list[api.CompartmentStatus]:
+    """Progress per compartment, from the compartment the scheduler admitted each node into
+    (not yet admitted: the default one). The batch state is the scheduler's: carried over."""
+    budgets: dict[str, api.Budget | None] = {
+        assessing.DEFAULT_COMPARTMENT: assessing.budget_of(cr, policy)
+    }
+    if policy is not None:
+        for comp in policy.spec.compartments:
+            budgets.setdefault(comp.name, comp.budget)
+    members: dict[str, list[NodeView]] = {name: [] for name in budgets}
+    for v in targets:
+        members.setdefault(v.compartment, []).append(v)
+    batches = {c.name: c.batch for c in cr.status.compartments}
+    out: list[api.CompartmentStatus] = []
+    for name in sorted(members)[:_COMPARTMENTS_MAX]:
+        nodes = members[name]
+        states = [v.state for v in nodes]
+        complete = states.count("Complete")
+        matched = len(nodes)
+        # The default compartment's budget is the scheduler's: over all target nodes.
+        scope = len(targets) if name == assessing.DEFAULT_COMPARTMENT else matched
+        out.append(
+            api.CompartmentStatus(
+                name=name[:63] or assessing.DEFAULT_COMPARTMENT,
+                matched_nodes=matched,
+                budget_nodes=assessing.budget_nodes(budgets.get(name), scope),
+                in_progress_nodes=states.count("InProgress"),
+                complete_nodes=complete,
+                failed_nodes=states.count("Failed"),
+                progress_percent=complete * 100 // matched if matched else 0,
+                batch=batches.get(name, api.BatchState()),
+            )
+        )
+    return out
+
+
+# ---- conditions ---------------------------------------------------------------------------
+
+
+def _condition(
+    ctype: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    *,
+    cr: api.NodeWright,
+    now: datetime,
+) -> api.Condition:
+    """A condition whose lastTransitionTime is kept while its status does not change."""
+    prev = next((c for c in cr.status.conditions if c.type == ctype), None)
+    since = prev.last_transition_time if prev is not None and prev.status == status else now
+    return api.Condition(
+        type=ctype,
+        status=status,
+        last_transition_time=since,
+        reason=assessing.reason_code(reason),
+        message=assessing.truncate(message, _CONDITION_MESSAGE_MAX),
+        observed_generation=cr.metadata.generation,
+    )
+
+
+def _example(v: NodeView, *, with_message: bool) -> str:
+    text = f"{v.name}: {v.reason.code}"
+    if with_message and v.reason.message:
+        text += ": " + assessing.truncate(v.reason.message, 160)
+    return text
+
+
+def ready_message(counts: api.NodeCounts, pending: Sequence[NodeView]) -> str:
+    """``3/5 nodes complete, 1 failed (node-x: ImagePullFailed: ...), 1 waiting (...)``:
+    counts per state, naming a few nodes of each (failed and blocked with their message)."""
+    parts = [f"{counts.complete}/{counts.target} nodes complete"]
+    groups: dict[api.NodeState, list[NodeView]] = {}
+    for v in pending:
+        groups.setdefault(v.state, []).append(v)
+    labels: tuple[tuple[api.NodeState, str], ...] = (
+        ("Failed", "failed"),
+        ("Blocked", "blocked"),
+        ("InProgress", "in progress"),
+        ("Waiting", "waiting"),
+    )
+    for state, label in labels:
+        nodes = groups.get(state, [])
+        if not nodes:
+            continue
+        shown = "; ".join(
+            _example(v, with_message=state in ("Failed", "Blocked")) for v in nodes[:_EXAMPLES]
+        )
+        more = f"; {len(nodes) - _EXAMPLES} more" if len(nodes) > _EXAMPLES else ""
+        parts.append(f"{len(nodes)} {label} ({shown}{more})")
+    return assessing.truncate(", ".join(parts), _CONDITION_MESSAGE_MAX)
+
+
+def _node_list(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:_CONDITION_NODES])
+    if len(names) > _CONDITION_NODES:
+        shown += f" and {len(names) - _CONDITION_NODES} more"
+    return shown
+
+
+def _conditions(
+    cr: api.NodeWright,
+    state: api.RolloutState,
+    counts: api.NodeCounts,
+    pending: Sequence[NodeView],
+    targets: Sequence[NodeView],
+    policy_missing: bool,
+    now: datetime,
+) -> list[api.Condition]:
+    """Ready, always; then the problem conditions that hold now (sorted by type). A problem
+    condition is listed only while it is True."""
+    ready = _condition(
+        api.ConditionType.READY,
+        "True" if state == "Complete" else "False",
+        state,
+        ready_message(counts, pending),
+        cr=cr,
+        now=now,
+    )
+    problems: list[api.Condition] = []
+    if policy_missing:
+        problems.append(
+            _condition(
+                api.ConditionType.DEPLOYMENT_POLICY_NOT_FOUND,
+                "True",
+                api.ConditionType.DEPLOYMENT_POLICY_NOT_FOUND,
+                f"DeploymentPolicy {cr.spec.deployment_policy} does not exist: no new node "
+                "starts until it is created",
+                cr=cr,
+                now=now,
+            )
+        )
+    by_reason: dict[str, list[str]] = {}
+    for v in targets:
+        by_reason.setdefault(v.reason.code, []).append(v.name)
+    drain_blocked = [
+        v.name
+        for v in targets
+        if v.phase == "Blocked" and v.facts.drain is not None and v.facts.drain.phase == "blocked"
+    ]
+    for ctype, names, text in (
+        (
+            api.ConditionType.TAINT_NOT_TOLERATED,
+            by_reason.get(assessing.TAINT_NOT_TOLERATED, []),
+            "have taints not tolerated by spec.additionalTolerations",
+        ),
+        (api.ConditionType.NODES_IGNORED, by_reason.get(assessing.NODE_IGNORED, []), "are ignored"),
+        (api.ConditionType.DRAIN_BLOCKED, drain_blocked, "cannot be drained"),
+        (
+            api.ConditionType.NODE_STATE_MALFORMED,
+            by_reason.get(assessing.NODE_STATE_MALFORMED, []),
+            "carry NodeWright annotations that do not decode",
+        ),
+    ):
+        if names:
+            problems.append(
+                _condition(
+                    ctype,
+                    "True",
+                    ctype,
+                    f"{len(names)} nodes {text}: {_node_list(names)}",
+                    cr=cr,
+                    now=now,
+                )
+            )
+    return [ready, *sorted(problems, key=lambda c: c.type)]
+
+
+# ---- per-node writes ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeUpdate:
+    """What to change on one node; only the parts flagged ``write_*`` differ from it."""
+
+    node: str
+    record: StatusRecord | None
+    """The status record to write; None removes it."""
+    write_record: bool
+    condition: dict[str, Any] | None
+    """The node condition to set; None removes it."""
+    write_condition: bool
+
+
+def _rfc3339(at: datetime) -> str:
+    return assessing.to_second(at).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def node_condition(
+    cr: str, view: NodeView, current: Mapping[str, Any] | None, now: datetime
+) -> dict[str, Any]:
+    """The node condition for ``view``: True when complete; reason the phase, message the
+    machine reason and its text. lastTransitionTime is kept while the status is unchanged."""
+    status: ConditionStatus = "True" if view.phase == "Complete" else "False"
+    stamp = _rfc3339(now)
+    transition = stamp
+    if current is not None and current.get("status") == status:
+        transition = str(current.get("lastTransitionTime") or stamp)
+    return {
+        "type": assessing.condition_type(cr),
+        "status": status,
+        "reason": view.phase,
+        "message": assessing.truncate(
+            f"{view.reason.code}: {view.reason.message}", assessing.MESSAGE_MAX
+        ),
+        "lastTransitionTime": transition,
+        "lastHeartbeatTime": stamp,
+    }
+
+
+def _condition_differs(want: Mapping[str, Any], have: Mapping[str, Any] | None) -> bool:
+    if have is None:
+        return True
+    return any(want[k] != have.get(k) for k in ("status", "reason", "message"))
+
+
+def node_updates(
+    cr: str, views: Sequence[NodeView], observed: Iterable[Observed], now: datetime
+) -> list[NodeUpdate]:
+    """The writes that bring each node's status record and condition in line with its view:
+    set on target nodes, removed from the others (and from every node when ``views`` is empty
+    because the CR is gone). Nodes already in line are left out."""
+    by_name = {v.name: v for v in views}
+    out: list[NodeUpdate] = []
+    for obs in sorted(observed, key=lambda o: o.name):
+        view = by_name.get(obs.name)
+        if view is None or not view.target:
+            if obs.record_present or obs.condition is not None:
+                out.append(
+                    NodeUpdate(
+                        node=obs.name,
+                        record=None,
+                        write_record=obs.record_present,
+                        condition=None,
+                        write_condition=obs.condition is not None,
+                    )
+                )
+            continue
+        record = StatusRecord(phase=view.phase, reason=view.reason, since=view.since)
+        write_record = record != obs.record
+        condition = node_condition(cr, view, obs.condition, now)
+        write_condition = _condition_differs(condition, obs.condition)
+        if write_record or write_condition:
+            out.append(
+                NodeUpdate(
+                    node=obs.name,
+                    record=record,
+                    write_record=write_record,
+                    condition=condition,
+                    write_condition=write_condition,
+                )
+            )
+    return out
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) turning ``old`` into ``new``: changed and added keys,
+    removed keys as null, objects recursively, lists whole. Needed because encoded statuses
+    leave defaults out: a field that went back to its default must be removed explicitly."""
+    patch: dict[str, Any] = {k: None for k in old if k not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            sub = merge_patch(before, value)
+            if sub:
+                patch[key] = sub
+        elif key not in old or before != value:
+            patch[key] = value
+    return patch

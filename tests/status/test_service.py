@@ -1,0 +1,515 @@
+"""The status service against the real rig: it runs in-process, reads kwok nodes whose
+records the test writes by hand (as the other services would), and must fold them into the
+NodeWright status, the node conditions and status records, and turn bus events and dead
+letters into Kubernetes Events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats
+import nats.js.errors
+import pytest
+
+from nodewright.rig import Rig
+from nodewright.rig.nodes import create_nodes, wait_ready
+from services.status import service
+from services.status.config import Settings
+from shared import api, config, events, nodestate, progress, runtime, streaming, subjects
+from shared.bus import Bus
+from shared.events import Reason
+from shared.kube import JSON, ApiError, Kube, path_of
+from shared.nodestate import DrainRecord, ExecutorRecord, PackageRecord, Selection, ValidatorRecord
+from tests.api.crds import NODEWRIGHTS, POLICIES, install_crds
+from tests.helpers.waiting import eventually
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+PACKAGE = {"version": "0.9.0", "image": "ghcr.io/nvidia/nodewright-packages/nvidia-tuned"}
+RUN_LABEL = "status-test.nodewright.nvidia.com/run"
+
+Record = Selection | DrainRecord | ExecutorRecord | ValidatorRecord | None
+
+
+@dataclass
+class Harness:
+    """One running status service, a NATS client on its stream, and names unique to a test."""
+
+    kapi: Kube
+    bus: Bus
+    publisher: streaming.Publisher
+    settings: Settings
+    run: str
+    kubeconfig: Path
+
+    @property
+    def cr(self) -> str:
+        return f"st-{self.run}"
+
+    def node(self, suffix: str) -> str:
+        return f"st-{self.run}-{suffix}"
+
+
+async def _consumers_exist(bus: Bus) -> bool:
+    for durable in (service.NAME, service.DEAD_LETTER_CONSUMER):
+        try:
+            await bus.js.consumer_info(bus.settings.stream, durable)
+        except nats.js.errors.NotFoundError:
+            return False
+    return True
+
+
+@contextlib.asynccontextmanager
+async def running(settings: Settings) -> AsyncIterator[None]:
+    """The status service in-process, stopped (and checked for a clean exit) afterwards."""
+    contexts: list[runtime.ServiceContext] = []
+
+    async def build(ctx: runtime.ServiceContext) -> None:
+        contexts.append(ctx)
+        await service.build(ctx)
+
+    task = asyncio.create_task(
+        runtime.serve(name=service.NAME, settings=settings, build=build), name="status-service"
+    )
+    try:
+        await eventually(
+            lambda: _started(task, contexts), timeout_s=30, what="the status service to start"
+        )
+        yield
+        # A root task that ends or fails stops the whole service: it must still run.
+        assert not task.done(), "the status service stopped during the test"
+    finally:
+        if contexts:
+            contexts[0].supervisor.request_stop("test finished")
+        else:
+            task.cancel()
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 60)
+
+
+async def _started(task: asyncio.Task[int], contexts: list[runtime.ServiceContext]) -> bool:
+    if task.done():
+        task.result()  # surfaces a startup crash
+        pytest.fail("the status service stopped during startup")
+    return bool(contexts)
+
+
+@pytest.fixture
+async def harness(rig: Rig, kapi: Kube, namespace: str) -> AsyncIterator[Harness]:
+    await install_crds(kapi)
+    run = uuid.uuid4().hex[:8]
+    settings = config.load(
+        Settings,
+        {
+            **rig.env(),
+            "NODEWRIGHT_NATS_STREAM": f"ST{run.upper()}",
+            "NODEWRIGHT_NAMESPACE": namespace,
+            "NODEWRIGHT_HEALTH_PORT": "0",
+            "NODEWRIGHT_GRACEFUL_TIMEOUT_S": "2",
+            "NODEWRIGHT_RESYNC_INTERVAL_S": "2",
+            "NODEWRIGHT_IDENTITY": f"status-{run}",
+        },
+    )
+    nc = await nats.connect(settings.nats.url)
+    bus = Bus(nc=nc, js=nc.jetstream(), settings=settings.nats)
+    await streaming.ensure_stream(bus.js, settings.nats)
+    h = Harness(
+        kapi=kapi,
+        bus=bus,
+        publisher=streaming.Publisher(bus, source="test"),
+        settings=settings,
+        run=run,
+        kubeconfig=rig.endpoints.kubeconfig,
+    )
+    try:
+        async with running(settings):
+            # The consumers start at the stream's end: publish only once they exist.
+            await eventually(lambda: _consumers_exist(bus), what="the status consumers")
+            yield h
+    finally:
+        await _delete(kapi, f"{NODEWRIGHTS}/{h.cr}")
+        nodes = await kapi.get(path_of(plural="nodes"), labelSelector=f"{RUN_LABEL}={run}")
+        for n in nodes.get("items") or []:
+            await _delete(kapi, path_of(plural="nodes", name=n["metadata"]["name"]))
+        await bus.js.delete_stream(settings.nats.stream)
+        await nc.close()
+
+
+async def _delete(kapi: Kube, path: str) -> None:
+    with contextlib.suppress(ApiError):
+        await kapi.delete(path)
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+
+async def _nodes(h: Harness, *suffixes: str, labels: Mapping[str, str] | None = None) -> None:
+    names = [h.node(s) for s in suffixes]
+    await create_nodes(h.kapi, names, labels={RUN_LABEL: h.run, **(labels or {})})
+    await wait_ready(h.kapi, names)
+
+
+async def _nodewright(h: Harness, **spec: Any) -> api.NodeWright:
+    body = {
+        "apiVersion": api.API_VERSION,
+        "kind": "NodeWright",
+        "metadata": {"name": h.cr},
+        "spec": {
+            "nodeSelectors": {"matchLabels": {RUN_LABEL: h.run, "pool": "gpu"}},
+            "packages": {"nvidia-tuned": PACKAGE},
+            **spec,
+        },
+    }
+    return api.from_dict(await h.kapi.create(NODEWRIGHTS, body), api.NodeWright)
+
+
+async def _records(h: Harness, suffix: str, records: Mapping[str, Record]) -> None:
+    """Write (None: remove) other services' records on a node, as they would."""
+    annotations: dict[str, str | None] = {}
+    for owner, record in records.items():
+        annotations.update(nodestate.patch(owner, h.cr, record)["metadata"]["annotations"])
+    await h.kapi.patch(
+        path_of(plural="nodes", name=h.node(suffix)), {"metadata": {"annotations": annotations}}
+    )
+
+
+async def _cr(h: Harness) -> JSON:
+    return await h.kapi.get(f"{NODEWRIGHTS}/{h.cr}")
+
+
+async def _status(h: Harness) -> api.NodeWrightStatus:
+    return api.from_dict((await _cr(h)).get("status") or {}, api.NodeWrightStatus)
+
+
+async def _status_when(
+    h: Harness, holds: Callable[[api.NodeWrightStatus], bool], what: str
+) -> api.NodeWrightStatus:
+    async def probe() -> api.NodeWrightStatus | None:
+        status = await _status(h)
+        return status if holds(status) else None
+
+    found = await eventually(probe, what=what)
+    assert found is not None
+    return found
+
+
+def _ready(status: api.NodeWrightStatus) -> api.Condition | None:
+    return next((c for c in status.conditions if c.type == "Ready"), None)
+
+
+async def _node_status(h: Harness, suffix: str) -> tuple[Any, Mapping[str, Any] | None]:
+    """(the status record, the node condition) of the CR on a node."""
+    obj = await h.kapi.get(path_of(plural="nodes", name=h.node(suffix)))
+    raw = nodestate.annotations_of(obj).get(nodestate.key(nodestate.STATUS, h.cr))
+    record = msgspec.json.decode(raw, type=nodestate.StatusRecord) if raw else None
+    ctype = f"nodewright.nvidia.com/{h.cr}"
+    cond = next((c for c in obj["status"].get("conditions") or [] if c["type"] == ctype), None)
+    return record, cond
+
+
+async def _kube_events(kapi: Kube, namespace: str, selector: str = "") -> list[JSON]:
+    query = {"labelSelector": selector} if selector else {}
+    listed = await kapi.get(path_of(plural="events", namespace=namespace), **query)
+    return list(listed.get("items") or [])
+
+
+async def _kubectl_wait_ready(h: Harness, limit: str, cache: Path) -> int:
+    proc = await asyncio.create_subprocess_exec(
+        "kubectl",
+        f"--kubeconfig={h.kubeconfig}",
+        f"--cache-dir={cache}",
+        "wait",
+        "--for=condition=Ready",
+        f"nodewrights.nodewright.nvidia.com/{h.cr}",
+        f"--timeout={limit}",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    return await proc.wait()
+
+
+def _selection(target: str) -> Selection:
+    return Selection(
+        generation=1, compartment="default", batch=1, selected_at=T0, disruptive=True, target=target
+    )
+
+
+def _package(cr: api.NodeWright, state: str, **kw: Any) -> ExecutorRecord:
+    digest = progress.desired(cr)["nvidia-tuned"].config_digest
+    fields: dict[str, Any] = {"version": "0.9.0", "stage": "config", "state": state, "updated": T0}
+    if state == "succeeded":
+        fields.update(installed="0.9.0", config=digest)
+    fields.update(kw)
+    return ExecutorRecord(packages={"nvidia-tuned": msgspec.convert(fields, PackageRecord)})
+
+
+DRAINED = DrainRecord(phase="drained", cordoned=True, started=T0, since=T0)
+IMAGE_PULL = Reason(code="ImagePullFailed", message="cannot pull image ghcr.io/x:0.9.0")
+
+
+def _complete(cr: api.NodeWright) -> dict[str, Record]:
+    target = progress.target_digest(cr)
+    return {
+        nodestate.SCHEDULER: None,
+        nodestate.DRAINER: None,
+        nodestate.EXECUTOR: _package(cr, "succeeded"),
+        nodestate.VALIDATOR: ValidatorRecord(validated=target, at=T0),
+    }
+
+
+# ---- tests -----------------------------------------------------------------------------------
+
+
+async def test_status_counts_nodes_explains_them_and_is_ready_only_when_all_complete(
+    harness: Harness, tmp_path: Path
+) -> None:
+    h = harness
+    await _nodes(h, "a", "b", "c", "d", labels={"pool": "gpu"})
+    await _nodes(h, "x", labels={"pool": "cpu"})
+    cr = await _nodewright(h, interruptionBudget={"count": 1})
+    target = progress.target_digest(cr)
+    await _records(h, "a", _complete(cr))
+    await _records(
+        h,
+        "b",
+        {
+            nodestate.SCHEDULER: _selection(target),
+            nodestate.DRAINER: DRAINED,
+            nodestate.EXECUTOR: _package(cr, "failed", stage="apply", reason=IMAGE_PULL),
+        },
+    )
+    await _records(
+        h,
+        "c",
+        {
+            nodestate.SCHEDULER: _selection(target),
+            nodestate.DRAINER: DRAINED,
+            nodestate.EXECUTOR: _package(cr, "running", stage="apply"),
+        },
+    )
+    expected = api.NodeCounts(target=4, complete=1, in_progress=1, failed=1, waiting=1)
+
+    status = await _status_when(
+        h, lambda s: s.node_counts == expected, "node counts 1 complete, 1 each other state"
+    )
+    assert (status.complete_nodes, status.state, status.observed_generation) == (
+        "1/4",
+        "InProgress",
+        1,
+    )
+    assert status.package_list == "nvidia-tuned:0.9.0"
+    ready = _ready(status)
+    assert ready is not None
+    assert (ready.status, ready.reason) == ("False", "InProgress")
+    assert ready.message.startswith(
+        f"1/4 nodes complete, 1 failed ({h.node('b')}: ImagePullFailed: cannot pull image"
+    )
+    assert [(d.node, d.state, d.reason, d.package) for d in status.node_details] == [
+        (h.node("b"), "Failed", "ImagePullFailed", "nvidia-tuned"),
+        (h.node("c"), "InProgress", "StageRunning", "nvidia-tuned"),
+        (h.node("d"), "Waiting", "BudgetExhausted", ""),
+    ]
+    (compartment,) = status.compartments
+    assert (compartment.matched_nodes, compartment.complete_nodes, compartment.budget_nodes) == (
+        4,
+        1,
+        1,
+    )
+    (package,) = status.packages
+    assert (package.present_nodes, package.complete_nodes, package.failed_nodes) == (3, 1, 1)
+
+    # Every target node carries its summary; the other node does not.
+    record, cond = await _node_status(h, "a")
+    assert record is not None
+    assert record.phase == "Complete"
+    assert cond is not None
+    assert (cond["status"], cond["reason"]) == ("True", "Complete")
+    record, cond = await _node_status(h, "b")
+    assert record is not None
+    assert record.reason is not None
+    assert (record.phase, record.reason.code) == ("Failed", "ImagePullFailed")
+    assert cond is not None
+    assert (cond["status"], cond["reason"]) == ("False", "Failed")
+    assert cond["message"].startswith("ImagePullFailed: cannot pull image")
+    assert await _node_status(h, "x") == (None, None)
+    assert await _kubectl_wait_ready(h, "1s", tmp_path) != 0, "not Ready while nodes are not"
+
+    # Nothing changes: no status or node write in the next passes (the resync is 2 s).
+    before = (await _cr(h))["metadata"]["resourceVersion"]
+    node_before = (await h.kapi.get(path_of(plural="nodes", name=h.node("b"))))["metadata"]
+    await asyncio.sleep(5)
+    assert (await _cr(h))["metadata"]["resourceVersion"] == before
+    node_after = (await h.kapi.get(path_of(plural="nodes", name=h.node("b"))))["metadata"]
+    assert node_after["resourceVersion"] == node_before["resourceVersion"]
+
+    # Every node completes: Ready, and kubectl wait returns.
+    for suffix in ("b", "c", "d"):
+        await _records(h, suffix, _complete(cr))
+
+    status = await _status_when(
+        h,
+        lambda s: getattr(_ready(s), "status", "") == "True",
+        "Ready=True once every node is complete",
+    )
+    assert status.node_counts == api.NodeCounts(target=4, complete=4)
+    assert (status.state, status.complete_nodes, status.node_details) == ("Complete", "4/4", [])
+    done = _ready(status)
+    assert done is not None
+    assert done.last_transition_time > ready.last_transition_time
+    assert await _kubectl_wait_ready(h, "30s", tmp_path) == 0
+    _, cond = await _node_status(h, "b")
+    assert cond is not None
+    assert (cond["status"], cond["reason"]) == ("True", "Complete")
+
+
+async def test_bus_events_become_kubernetes_events_on_the_nodewright_and_the_node(
+    harness: Harness,
+) -> None:
+    h = harness
+    await _nodes(h, "n", labels={"pool": "gpu"})
+    cr = await _nodewright(h)
+    failed = events.StageFailed(
+        id=events.event_id(h.cr, h.node("n"), "nvidia-tuned", "0.9.0", "apply", 1, "failed"),
+        at=datetime.now(UTC),
+        cr=h.cr,
+        generation=1,
+        node=h.node("n"),
+        package="nvidia-tuned",
+        version="0.9.0",
+        stage="apply",
+        reason=IMAGE_PULL,
+    )
+    selected = events.NodeSelected(
+        id=events.event_id(h.cr, h.node("n"), "selected"),
+        at=datetime.now(UTC),
+        cr=h.cr,
+        generation=1,
+        node=h.node("n"),
+        compartment="default",
+        batch=1,
+        disruptive=True,
+    )
+    await h.publisher.publish(selected)
+    # The same event stored twice (as after a re-publish past the dedupe window).
+    for _ in range(2):
+        await h.bus.js.publish(failed.subject, events.encode(failed), stream=h.bus.settings.stream)
+    selector = f"nodewright.nvidia.com/nodewright={h.cr}"
+
+    async def four_events() -> list[JSON]:
+        found = await _kube_events(h.kapi, "default", selector)
+        return found if len(found) >= 4 else []
+
+    found = await eventually(four_events, what="4 Kubernetes Events")
+    await asyncio.sleep(2)  # a duplicate would show up by now
+    found = await _kube_events(h.kapi, "default", selector)
+    summary = sorted(
+        (e["involvedObject"]["kind"], e["reason"], e["type"], e.get("count")) for e in found
+    )
+    assert summary == [
+        ("Node", "NodeSelected", "Normal", 1),
+        ("Node", "StageFailed", "Warning", 1),
+        ("NodeWright", "NodeSelected", "Normal", 1),
+        ("NodeWright", "StageFailed", "Warning", 1),
+    ]
+    on_cr = next(
+        e for e in found if e["reason"] == "StageFailed" and e["involvedObject"]["kind"] != "Node"
+    )
+    assert on_cr["involvedObject"]["name"] == h.cr
+    assert on_cr["involvedObject"]["uid"] == cr.metadata.uid
+    for part in (h.node("n"), "nvidia-tuned", "apply", "ImagePullFailed: cannot pull image"):
+        assert part in on_cr["message"]
+
+
+async def test_dead_letters_raise_warning_events_even_for_garbage(harness: Harness) -> None:
+    h = harness
+    await _nodewright(h)
+    js, stream = h.bus.js, h.bus.settings.stream
+    # Garbage on an event subject: the service's own consumer dead-letters it...
+    subject = subjects.event(cr=h.cr, node=h.node("gone"), kind="stage.failed")
+    await js.publish(subject, b"{not json", stream=stream)
+    # ... and garbage straight on a dead-letter subject, naming nothing.
+    await js.publish(subjects.dead_letter(f"other-{h.run}"), b"\x00\xff", stream=stream)
+
+    async def on_nodewright() -> list[JSON]:
+        found = await _kube_events(h.kapi, "default", f"nodewright.nvidia.com/nodewright={h.cr}")
+        return [e for e in found if e["reason"] == "DeadLetteredEvent"]
+
+    (event,) = await eventually(on_nodewright, what="a DeadLetteredEvent on the NodeWright")
+    assert event["type"] == "Warning"
+    assert event["involvedObject"]["kind"] == "NodeWright"
+    for part in ("Service status", "stage.failed", h.node("gone"), "malformed event", "9 bytes"):
+        assert part in event["message"]
+
+    namespace = h.settings.namespace
+
+    async def on_namespace() -> list[JSON]:
+        found = await _kube_events(h.kapi, namespace)
+        return [e for e in found if e["reason"] == "DeadLetteredEvent"]
+
+    (event,) = await eventually(on_namespace, what="a DeadLetteredEvent in the namespace")
+    assert event["type"] == "Warning"
+    assert event["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "name": namespace,
+        "namespace": namespace,
+    }
+    assert f"other-{h.run}" in event["message"]
+
+
+async def test_a_missing_policy_blocks_waiting_nodes_until_it_exists(harness: Harness) -> None:
+    h = harness
+    await _nodes(h, "p", "q", labels={"pool": "gpu"})
+    policy = f"st-{h.run}"
+    await _nodewright(h, deploymentPolicy=policy)
+
+    status = await _status_when(
+        h, lambda s: s.node_counts.blocked == 2, "both nodes Blocked by the missing policy"
+    )
+    types = {c.type: c for c in status.conditions}
+    assert types["DeploymentPolicyNotFound"].status == "True"
+    assert policy in types["DeploymentPolicyNotFound"].message
+    assert status.state == "Blocked"
+    assert {d.reason for d in status.node_details} == {"DeploymentPolicyNotFound"}
+
+    await h.kapi.create(
+        POLICIES,
+        {
+            "apiVersion": api.API_VERSION,
+            "kind": "DeploymentPolicy",
+            "metadata": {"name": policy},
+            "spec": {"default": {"budget": {"count": 1}}},
+        },
+    )
+    try:
+        status = await _status_when(
+            h, lambda s: s.node_counts.waiting == 2, "both nodes Waiting once the policy exists"
+        )
+        assert [c.type for c in status.conditions] == ["Ready"]
+        assert {d.reason for d in status.node_details} == {"WaitingForBatch"}
+    finally:
+        await _delete(h.kapi, f"{POLICIES}/{policy}")
+
+
+async def test_deleting_the_nodewright_removes_its_node_status(harness: Harness) -> None:
+    h = harness
+    await _nodes(h, "r", labels={"pool": "gpu"})
+    await _nodewright(h)
+
+    async def summarized() -> bool:
+        record, cond = await _node_status(h, "r")
+        return record is not None and cond is not None
+
+    await eventually(summarized, what="the status record and condition on the node")
+    await h.kapi.delete(f"{NODEWRIGHTS}/{h.cr}")
+
+    async def cleaned() -> bool:
+        return await _node_status(h, "r") == (None, None)
+
+    await eventually(cleaned, what="the node's status record and condition to go")
