@@ -16,8 +16,8 @@ from shared.nodestate import (
     Selection,
     ValidatorRecord,
 )
-from shared.podspec import PodRequest
 from shared.pods import PodView
+from shared.podspec import PodRequest
 from tests.helpers.facts import T0, node, nodewright
 
 CR = "gpu-node-tuning"
