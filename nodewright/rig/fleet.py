@@ -21,6 +21,7 @@ from pathlib import Path
 from nodewright.rig import Rig, RigError, _tail, free_port
 
 SERVICES = ("scheduler", "drainer", "executor", "validator", "status")
+RBAC_DIR = Path(__file__).resolve().parents[2] / "deploy" / "rbac"
 
 
 @dataclass
@@ -71,9 +72,46 @@ class Fleet:
     rig: Rig
     namespace: str = "nodewright-system"
     simulate: bool = True
+    rbac: bool = False
+    """Run each service as its own ServiceAccount with the RBAC of deploy/rbac (least
+    privilege, as in a cluster) instead of as the rig's administrator."""
     extra_env: dict[str, str] = field(default_factory=dict)
     replicas: dict[str, list[Replica]] = field(default_factory=dict)
     _next_index: dict[str, int] = field(default_factory=dict)
+    _kubeconfigs: dict[str, Path] = field(default_factory=dict)
+
+    def _kubectl(self, *args: str, stdin: str = "") -> str:
+        done = subprocess.run(
+            [
+                str(self.rig.bin_dir / "kubectl"),
+                "--kubeconfig",
+                str(self.rig.endpoints.kubeconfig),
+                *args,
+            ],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RigError("kubectl", f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
+        return done.stdout
+
+    def kubeconfig_for(self, service: str) -> Path:
+        """The service's own ServiceAccount kubeconfig (RBAC from deploy/rbac/<service>.yaml)."""
+        if service not in self._kubeconfigs:
+            manifest = (RBAC_DIR / f"{service}.yaml").read_text()
+            self._kubectl(
+                "apply", "-f", "-", stdin=manifest.replace("nodewright-system", self.namespace)
+            )
+            token = self._kubectl(
+                "create", "token", f"nodewright-{service}", "-n", self.namespace, "--duration=24h"
+            ).strip()
+            path = self.rig.dir / f"kubeconfig-{service}-{self.namespace}"
+            self._kubeconfigs[service] = self.rig.write_kubeconfig(
+                path, user=f"nodewright-{service}", token=token
+            )
+        return self._kubeconfigs[service]
 
     def env(self, service: str, index: int, health_port: int) -> dict[str, str]:
         env = {
@@ -85,6 +123,8 @@ class Fleet:
             "NODEWRIGHT_IDENTITY": f"{service}-{index}",
             **self.extra_env,
         }
+        if self.rbac:
+            env["NODEWRIGHT_KUBE_KUBECONFIG"] = str(self.kubeconfig_for(service))
         if self.simulate and service in ("executor", "validator"):
             env["NODEWRIGHT_PODS_SIMULATE"] = "true"
         if service == "validator":
