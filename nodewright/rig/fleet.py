@@ -18,10 +18,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nodewright.rig import Rig, RigError, _tail, free_port
+from nodewright.rig import Rig, RigError, _tail, die_with_parent, free_port
 
 SERVICES = ("scheduler", "drainer", "executor", "validator", "status")
-RBAC_DIR = Path(__file__).resolve().parents[2] / "deploy" / "rbac"
+RBAC_DIR = (
+    Path(__file__).resolve().parents[2] / "deploy" / "chart" / "nodewright" / "files" / "rbac"
+)
 
 
 @dataclass
@@ -73,7 +75,7 @@ class Fleet:
     namespace: str = "nodewright-system"
     simulate: bool = True
     rbac: bool = False
-    """Run each service as its own ServiceAccount with the RBAC of deploy/rbac (least
+    """Run each service as its own ServiceAccount with the RBAC of the Helm chart (least
     privilege, as in a cluster) instead of as the rig's administrator."""
     extra_env: dict[str, str] = field(default_factory=dict)
     replicas: dict[str, list[Replica]] = field(default_factory=dict)
@@ -98,7 +100,7 @@ class Fleet:
         return done.stdout
 
     def kubeconfig_for(self, service: str) -> Path:
-        """The service's own ServiceAccount kubeconfig (RBAC from deploy/rbac/<service>.yaml)."""
+        """The service's own ServiceAccount kubeconfig, with the chart's RBAC (files/rbac)."""
         if service not in self._kubeconfigs:
             manifest = (RBAC_DIR / f"{service}.yaml").read_text()
             self._kubectl(
@@ -155,6 +157,7 @@ class Fleet:
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,
                     env=self.env(service, index, port),
+                    preexec_fn=die_with_parent,
                 )
             replica = Replica(service=service, index=index, popen=popen, log=log, health_port=port)
             self.replicas.setdefault(service, []).append(replica)

@@ -1,4 +1,4 @@
-"""The services need no more than deploy/rbac grants: a rollout with a drain, a readiness
+"""The services need no more than the Helm chart's RBAC grants: a rollout with a drain, a readiness
 taint, the admission webhook and Kubernetes Events, every service running as its own
 ServiceAccount."""
 

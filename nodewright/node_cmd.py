@@ -1,0 +1,465 @@
+"""``nodewright node status|retry|reset|ignore|unignore NODE``: look at and recover a node.
+
+Recovery is by request, never by editing the services' records: ``retry`` and ``reset``
+append a :class:`shared.nodestate.Request` to the node's
+``requests.nodewright.nvidia.com/<cr>`` annotation (a merge patch carrying the node's
+resourceVersion, re-read and re-tried on a conflict), and each service honours it in its
+own record (docs/recovery.md). ``ignore`` / ``unignore`` set or remove the label
+``nodewright.nvidia.com/ignore=true``. ``status`` reads the records through
+``shared.progress.facts``. Every command says what it changed.
+
+Deciding what a request does on the node is the services' job; this module only writes
+requests and labels and describes what will happen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import os
+import socket
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from shared import api, kube, nodestate, progress
+from shared.config import KubeSettings
+from shared.kube import ApiError, Kube, path_of
+from shared.nodestate import Request, RequestAction, StatusRecord
+
+NODEWRIGHTS = path_of(group=api.GROUP, version=api.VERSION, plural=api.NODEWRIGHT_PLURAL)
+_OWNERS = (
+    nodestate.SCHEDULER,
+    nodestate.DRAINER,
+    nodestate.EXECUTOR,
+    nodestate.VALIDATOR,
+    nodestate.STATUS,
+    nodestate.REQUESTS,
+)
+_CONFLICT_RETRIES = 5
+
+
+class CommandError(Exception):
+    """A problem to tell the user (exit code 1), not a crash."""
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--kubeconfig",
+        default="",
+        help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else in-cluster)",
+    )
+
+
+def add_parser(sub: Any) -> None:
+    node = sub.add_parser("node", help="look at and recover one node")
+    verbs = node.add_subparsers(dest="verb", required=True)
+    for verb, text in (
+        ("status", "show where each NodeWright stands on the node"),
+        ("retry", "run what failed on the node again, as a new attempt"),
+        ("reset", "forget a NodeWright's progress on the node: it starts over"),
+        ("ignore", "label the node so NodeWright admits it to no rollout"),
+        ("unignore", "remove the ignore label"),
+    ):
+        p = verbs.add_parser(verb, help=text, description=text)
+        p.add_argument("node", help="node name")
+        if verb in ("status", "retry", "reset"):
+            p.add_argument(
+                "--nodewright",
+                default="",
+                help="only this NodeWright (default: every NodeWright with state on the node)",
+            )
+        add_common(p)
+        p.set_defaults(handler=run, verb=verb)
+
+
+# ---- plumbing ---------------------------------------------------------------------------
+
+
+def kubeconfig_path(flag: str) -> str:
+    if flag:
+        return flag
+    env = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
+    if env:
+        return env
+    home = Path.home() / ".kube" / "config"
+    return str(home) if home.exists() else ""
+
+
+def execute(args: argparse.Namespace, command: Callable[[Kube], Awaitable[None]]) -> int:
+    """Run ``command`` with a client; print a CommandError and return 1."""
+
+    async def main() -> int:
+        settings = KubeSettings(kubeconfig=kubeconfig_path(args.kubeconfig))
+        async with kube.connect(settings) as client:
+            await command(client)
+        return 0
+
+    try:
+        return asyncio.run(main())
+    except CommandError as exc:
+        print(f"nodewright: {exc}", file=sys.stderr)
+        return 1
+    except ApiError as exc:
+        print(f"nodewright: the API server said {exc.status}: {exc.message}", file=sys.stderr)
+        return 1
+
+
+async def get_node(client: Kube, name: str) -> dict[str, Any]:
+    try:
+        return await client.get(path_of(plural="nodes", name=name))
+    except ApiError as exc:
+        if exc.not_found:
+            raise CommandError(f"node {name} not found") from None
+        raise
+
+
+async def get_nodewright(client: Kube, name: str) -> api.NodeWright | None:
+    try:
+        raw = await client.get(f"{NODEWRIGHTS}/{name}")
+    except ApiError as exc:
+        if exc.not_found:
+            return None
+        raise
+    try:
+        return api.from_dict(raw, api.NodeWright)
+    except msgspec.ValidationError as exc:
+        raise CommandError(f"NodeWright {name} does not decode: {exc}") from None
+
+
+def crs_on(node: dict[str, Any]) -> list[str]:
+    """NodeWrights with any record on the node, sorted."""
+    return sorted({cr for owner in _OWNERS for cr in nodestate.crs_with(node, owner)})
+
+
+def chosen(node: dict[str, Any], only: str) -> list[str]:
+    crs = crs_on(node)
+    if only:
+        if only not in crs:
+            raise CommandError(
+                f"NodeWright {only} has no state on node {node['metadata']['name']}"
+                + (f" (it has: {', '.join(crs)})" if crs else "")
+            )
+        return [only]
+    if not crs:
+        raise CommandError(f"no NodeWright has state on node {node['metadata']['name']}")
+    return crs
+
+
+def requester() -> str:
+    try:
+        return f"{getpass.getuser()}@{socket.gethostname()}"
+    except (KeyError, OSError):
+        return socket.gethostname()
+
+
+async def add_request(
+    client: Kube,
+    node_name: str,
+    cr: str,
+    action: RequestAction,
+    *,
+    package: str = "",
+    stage: str = "",
+) -> Request:
+    """Append a request for ``cr`` on the node; re-read and retry on a conflict."""
+    for _ in range(_CONFLICT_RETRIES):
+        node = await get_node(client, node_name)
+        current = nodestate.read_requests(node, cr)
+        new = nodestate.add_request(
+            current,
+            Request(
+                seq=0,
+                action=action,
+                package=package,
+                stage=stage,
+                at=datetime.now(UTC),
+                by=requester(),
+            ),
+        )
+        body = nodestate.patch(
+            nodestate.REQUESTS, cr, new, resource_version=node["metadata"]["resourceVersion"]
+        )
+        try:
+            await client.patch(path_of(plural="nodes", name=node_name), body)
+        except ApiError as exc:
+            if exc.conflict:
+                continue
+            raise
+        return new.requests[-1]
+    raise CommandError(f"node {node_name} kept changing; try again")
+
+
+# ---- what a node's records say ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CrView:
+    name: str
+    cr: api.NodeWright | None
+    facts: progress.NodeFacts
+    status: StatusRecord | None
+    requests: nodestate.Requests
+
+
+def view(node: dict[str, Any], name: str, cr: api.NodeWright | None) -> CrView:
+    try:
+        status = nodestate.read(node, nodestate.STATUS, name, StatusRecord)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        status = None
+    return CrView(
+        name=name,
+        cr=cr,
+        facts=progress.facts(node, name),
+        status=status,
+        requests=nodestate.read_requests(node, name),
+    )
+
+
+def failures(v: CrView) -> list[str]:
+    """What failed for the NodeWright on the node, as retry would run it again."""
+    f = v.facts
+    out: list[str] = []
+    wanted = {n: d.version for n, d in progress.desired(v.cr).items()} if v.cr is not None else None
+
+    def current(pkg: str, version: str) -> bool:
+        return wanted is None or wanted.get(pkg) == version
+
+    if f.drain is not None and f.drain.phase == "failed":
+        code = f.drain.reason.code if f.drain.reason else "failed"
+        out.append(f"the drain ({code}) starts again with a fresh timeout")
+    for name, r in sorted(f.executor.packages.items()):
+        if not current(name, r.version):
+            continue
+        verdict = f.validator.checks.get(nodestate.check_key(name, r.version, r.stage))
+        check_failed = (
+            r.state == "succeeded"
+            and verdict is not None
+            and verdict.verdict == "failed"
+            and verdict.attempt == r.attempt
+        )
+        if r.state == "failed" or check_failed:
+            what = "its check failed" if check_failed else "it failed"
+            cause = verdict.reason if check_failed and verdict is not None else r.reason
+            why = f": {cause.code}" if cause is not None else ""
+            out.append(
+                f"package {name} {r.version} stage {r.stage} ({what}{why}) runs again "
+                f"as attempt {r.attempt + 1}"
+            )
+    return out
+
+
+def _reason(reason: Any) -> str:
+    return f"{reason.code}: {reason.message}" if reason is not None else "-"
+
+
+def describe(v: CrView, node: dict[str, Any]) -> list[str]:
+    """The lines ``node status`` prints for one NodeWright."""
+    f = v.facts
+    lines = [f"NodeWright {v.name}" + ("" if v.cr is not None else " (the NodeWright is gone)")]
+    if v.status is not None:
+        lines.append(f"  phase:    {v.status.phase}   since {v.status.since.isoformat()}")
+        lines.append(f"  reason:   {_reason(v.status.reason)}")
+    else:
+        lines.append("  phase:    - (the status service has not reported on this node)")
+    if v.cr is not None:
+        lines.append(f"  turn:     {progress.turn(v.cr, f)}")
+    if f.selection is not None:
+        s = f.selection
+        lines.append(
+            f"  admitted: compartment {s.compartment}, batch {s.batch}, "
+            f"at {s.selected_at.isoformat()}" + ("" if s.disruptive else " (no drain)")
+        )
+    else:
+        lines.append("  admitted: no")
+    if f.drain is not None:
+        d = f.drain
+        owner = (
+            "holds a cordon (the node was cordoned before NodeWright came: it stays cordoned)"
+            if d.cordoned and d.preexisting
+            else "holds the cordon"
+            if d.cordoned
+            else "holds no cordon"
+        )
+        lines.append(f"  drain:    {d.phase}, {owner}; {_reason(d.reason)}")
+    else:
+        lines.append("  drain:    no drain record (holds no cordon)")
+    for name, r in sorted(f.executor.packages.items()):
+        installed = r.installed or "nothing"
+        lines.append(
+            f"  package {name}: version {r.version}, stage {r.stage} {r.state} "
+            f"(attempt {r.attempt}), installed {installed}"
+            + (f"; {_reason(r.reason)}" if r.reason is not None else "")
+        )
+    for key, c in sorted(f.validator.checks.items()):
+        if c.verdict != "passed":
+            lines.append(f"  check {key}: {c.verdict}; {_reason(c.reason)}")
+    intr = f.executor.interrupt
+    if intr is not None and intr.state != "succeeded":
+        lines.append(
+            f"  interrupt: {intr.type} {intr.state} for {', '.join(intr.packages)}"
+            + (f"; {_reason(intr.reason)}" if intr.reason is not None else "")
+        )
+    if f.validator.validated:
+        lines.append(
+            "  validated: "
+            + (
+                "yes"
+                if v.cr is not None and f.validator.validated == progress.target_digest(v.cr)
+                else "for an earlier spec"
+            )
+        )
+    if v.requests.requests:
+        last = v.requests.requests[-1]
+        marks = {
+            "drainer": f.drain.honoured if f.drain is not None else None,
+            "executor": f.executor.honoured,
+            "validator": f.validator.honoured,
+        }
+        behind = [s for s, m in marks.items() if m is not None and m < last.seq]
+        lines.append(
+            f"  last request: #{last.seq} {last.action}"
+            + (f" {last.package}" if last.package else "")
+            + (f" --stage {last.stage}" if last.stage else "")
+            + f" by {last.by or '?'} at {last.at.isoformat()}; "
+            + (f"not yet honoured by {', '.join(behind)}" if behind else "honoured")
+        )
+    if f.malformed:
+        lines.append(f"  undecodable records: {', '.join(f.malformed)} (reset the node)")
+    return lines
+
+
+# ---- commands ---------------------------------------------------------------------------
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+async def status(client: Kube, args: argparse.Namespace) -> None:
+    node = await get_node(client, args.node)
+    spec = node.get("spec") or {}
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    crs = crs_on(node) if not args.nodewright else [args.nodewright]
+    _say(
+        f"Node {args.node}: "
+        + ("cordoned" if spec.get("unschedulable") else "schedulable")
+        + (", ignored (label nodewright.nvidia.com/ignore=true)" if _ignored(labels) else "")
+    )
+    if not crs:
+        _say("No NodeWright has state on this node.")
+        return
+    holders = []
+    for name in crs:
+        v = view(node, name, await get_nodewright(client, name))
+        if v.facts.drain is not None and v.facts.drain.cordoned:
+            holders.append(name)
+        for line in describe(v, node):
+            _say(line)
+    if spec.get("unschedulable"):
+        drains = [progress.facts(node, n).drain for n in crs]
+        preexisting = any(d is not None and d.preexisting for d in drains)
+        who = ", ".join(holders) if holders else "nobody in NodeWright"
+        _say(
+            f"Cordon: held by {who}"
+            + ("; it was cordoned before NodeWright came and stays cordoned" if preexisting else "")
+            + ("" if holders else " (someone else cordoned it)")
+        )
+
+
+def _ignored(labels: dict[str, str]) -> bool:
+    return labels.get(nodestate.IGNORE_LABEL) == "true"
+
+
+async def retry(client: Kube, args: argparse.Namespace) -> None:
+    node = await get_node(client, args.node)
+    asked = 0
+    for name in chosen(node, args.nodewright):
+        v = view(node, name, await get_nodewright(client, name))
+        todo = failures(v)
+        if not todo:
+            _say(f"NodeWright {name} on node {args.node}: nothing failed, nothing to retry.")
+            continue
+        req = await add_request(client, args.node, name, "retry")
+        asked += 1
+        _say(f"Requested retry #{req.seq} of NodeWright {name} on node {args.node}:")
+        for line in todo:
+            _say(f"  - {line}")
+    if not asked and args.nodewright:
+        raise CommandError(f"nothing failed for NodeWright {args.nodewright} on {args.node}")
+
+
+async def reset(client: Kube, args: argparse.Namespace) -> None:
+    node = await get_node(client, args.node)
+    for name in chosen(node, args.nodewright):
+        facts = progress.facts(node, name)
+        req = await add_request(client, args.node, name, "reset")
+        cordon = (
+            "the cordon it holds stays while the node is still admitted and is released as usual"
+            if facts.drain is not None and facts.drain.cordoned
+            else "it holds no cordon"
+        )
+        _say(
+            f"Requested reset #{req.seq} of NodeWright {name} on node {args.node}: the executor "
+            "and validator forget its packages' stages, checks and validation there, and the "
+            f"drain starts again; {cordon}. The node starts over."
+        )
+
+
+async def set_ignored(client: Kube, args: argparse.Namespace, ignored: bool) -> None:
+    node = await get_node(client, args.node)
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    if _ignored(labels) == ignored:
+        _say(f"Node {args.node} is already {'ignored' if ignored else 'not ignored'}; no change.")
+        return
+    value = "true" if ignored else None
+    await client.patch(
+        path_of(plural="nodes", name=args.node),
+        {"metadata": {"labels": {nodestate.IGNORE_LABEL: value}}},
+    )
+    if not ignored:
+        _say(
+            f"Removed label {nodestate.IGNORE_LABEL} from node {args.node}: NodeWright may admit "
+            "it to rollouts again."
+        )
+        return
+    busy = [
+        n
+        for n in crs_on(node)
+        if (f := progress.facts(node, n)).selection is not None or f.drain is not None
+    ]
+    _say(
+        f"Labelled node {args.node} {nodestate.IGNORE_LABEL}=true: NodeWright admits it to no "
+        "new rollout work."
+        + (
+            f" Work already admitted there ({', '.join(busy)}) finishes and is then released;"
+            " a failed node keeps its budget slot until it is retried or reset."
+            if busy
+            else ""
+        )
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    async def command(client: Kube) -> None:
+        match args.verb:
+            case "status":
+                await status(client, args)
+            case "retry":
+                await retry(client, args)
+            case "reset":
+                await reset(client, args)
+            case "ignore":
+                await set_ignored(client, args, True)
+            case "unignore":
+                await set_ignored(client, args, False)
+            case _:
+                raise CommandError(f"unknown command node {args.verb}")
+
+    return execute(args, command)

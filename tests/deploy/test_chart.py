@@ -1,0 +1,104 @@
+"""The Helm chart lints, renders, is accepted by the real API server, and configures each
+service only with settings that service knows."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from nodewright import manifests
+from nodewright.rig import Rig
+from shared import config
+from shared.kube import Kube
+
+CHART = Path(__file__).resolve().parents[2] / "deploy" / "chart" / "nodewright"
+SERVICES = ("scheduler", "drainer", "executor", "validator", "status")
+
+
+async def _run(*argv: str, stdin: str = "") -> str:
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate(stdin.encode())
+    assert proc.returncode == 0, f"{' '.join(argv[:3])} failed: {err.decode()}{out.decode()}"
+    return out.decode()
+
+
+async def _render(rig: Rig, *extra: str) -> list[dict[str, Any]]:
+    text = await _run(
+        str(rig.bin_dir / "helm"), "template", "nw", str(CHART), "-n", "nodewright-system", *extra
+    )
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+async def test_the_chart_lints(rig: Rig) -> None:
+    out = await _run(str(rig.bin_dir / "helm"), "lint", "--strict", str(CHART))
+    assert "0 chart(s) failed" in out
+
+
+async def test_the_chart_renders_every_service_with_its_own_account(rig: Rig) -> None:
+    docs = await _render(rig)
+    kinds: dict[str, list[str]] = {}
+    for d in docs:
+        kinds.setdefault(d["kind"], []).append(d["metadata"]["name"])
+    assert sorted(kinds["Deployment"]) == sorted(f"nodewright-{s}" for s in SERVICES)
+    assert sorted(kinds["ServiceAccount"]) == sorted(f"nodewright-{s}" for s in SERVICES)
+    assert kinds["ValidatingWebhookConfiguration"] == ["nodewright-validator"]
+    assert len(kinds["PodDisruptionBudget"]) == 5
+    for d in docs:
+        if d["kind"] == "Deployment":
+            pod = d["spec"]["template"]["spec"]
+            assert pod["serviceAccountName"] == d["metadata"]["name"]
+            assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+@pytest.mark.parametrize("service", SERVICES)
+async def test_every_setting_the_chart_sets_is_one_the_service_knows(
+    rig: Rig, service: str
+) -> None:
+    docs = await _render(rig)
+    (deployment,) = [
+        d
+        for d in docs
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == f"nodewright-{service}"
+    ]
+    env = {
+        e["name"]: e.get("value", "from-field")
+        for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    settings_type = importlib.import_module(f"services.{service}.config").Settings
+    settings = config.load(settings_type, env)  # raises on an unknown or invalid variable
+    assert settings.namespace == "nodewright-system"
+
+
+async def test_the_rendered_chart_is_accepted_by_the_api_server(rig: Rig, kapi: Kube) -> None:
+    await manifests.ensure_namespace(kapi, "nodewright-system")
+    text = await _run(
+        str(rig.bin_dir / "helm"),
+        "template",
+        "nw",
+        str(CHART),
+        "-n",
+        "nodewright-system",
+        "--include-crds",
+    )
+    out = await _run(
+        str(rig.bin_dir / "kubectl"),
+        "--kubeconfig",
+        str(rig.endpoints.kubeconfig),
+        "apply",
+        "--dry-run=server",
+        "-f",
+        "-",
+        stdin=text,
+    )
+    assert "deployment.apps/nodewright-executor created (server dry run)" in out
+    assert "validatingwebhookconfiguration.admissionregistration.k8s.io/nodewright-validator" in out
