@@ -616,6 +616,10 @@ class DrainOptions(_Model, frozen=True, kw_only=True):
     pod_selector: LabelSelector | None = None
     """Only pods matching this selector are drained; unset drains every pod (except DaemonSet
     pods, mirror pods and NodeWright's own pods)."""
+    protected_pods_timeout_seconds: Annotated[int, msgspec.Meta(ge=1, le=2592000)] | None = None
+    """Seconds a cordoned node may wait for pods matching spec.podNonInterruptLabels to finish
+    before it is marked Failed with reason ProtectedPodTimeout naming them; unset (default)
+    waits as long as they run. Retry the node (nodewright node retry) to wait again."""
 
 
 class DeploymentPolicyOptions(_Model, frozen=True, kw_only=True):

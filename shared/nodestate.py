@@ -34,6 +34,7 @@ DRAINER = f"drainer.{DOMAIN}"
 EXECUTOR = f"executor.{DOMAIN}"
 VALIDATOR = f"validator.{DOMAIN}"
 STATUS = f"status.{DOMAIN}"
+REQUESTS = f"requests.{DOMAIN}"
 
 IGNORE_LABEL = f"{DOMAIN}/ignore"
 """Label ``nodewright.nvidia.com/ignore=true``: NodeWright leaves the node alone."""
@@ -73,6 +74,8 @@ class DrainRecord(_Record, frozen=True, kw_only=True, omit_defaults=True):
     since: datetime
     """When the current phase began."""
     reason: Reason | None = None
+    honoured: int = 0
+    """The newest recovery request (:attr:`Request.seq`) the drainer has acted on."""
 
 
 StageState = Literal["running", "succeeded", "failed"]
@@ -113,11 +116,15 @@ class InterruptRecord(_Record, frozen=True, kw_only=True, omit_defaults=True):
     packages: tuple[str, ...] = ()
     started: datetime
     reason: Reason | None = None
+    attempt: int = 1
+    """Counts retries of a failed interrupt (it is part of the interrupt pod's name)."""
 
 
 class ExecutorRecord(_Record, frozen=True, kw_only=True, omit_defaults=True):
     packages: dict[str, PackageRecord] = {}
     interrupt: InterruptRecord | None = None
+    honoured: int = 0
+    """The newest recovery request (:attr:`Request.seq`) the executor has acted on."""
 
 
 CheckVerdict = Literal["running", "passed", "failed"]
@@ -127,6 +134,9 @@ class CheckRecord(_Record, frozen=True, kw_only=True, omit_defaults=True):
     verdict: CheckVerdict
     at: datetime
     reason: Reason | None = None
+    attempt: int = 1
+    """The executor's attempt of the stage this verdict is about: a verdict about an
+    earlier attempt (before a retry or rerun) no longer counts."""
 
 
 class ValidatorRecord(_Record, frozen=True, kw_only=True, omit_defaults=True):
@@ -136,6 +146,8 @@ class ValidatorRecord(_Record, frozen=True, kw_only=True, omit_defaults=True):
     """The target digest for which the whole node was validated."""
     at: datetime | None = None
     reason: Reason | None = None
+    honoured: int = 0
+    """The newest recovery request (:attr:`Request.seq`) the validator has acted on."""
 
 
 NodePhase = Literal[
@@ -147,6 +159,65 @@ class StatusRecord(_Record, frozen=True, kw_only=True, omit_defaults=True):
     phase: NodePhase
     reason: Reason | None = None
     since: datetime
+
+
+RequestAction = Literal["retry", "reset", "rerun"]
+
+
+class Request(_Record, frozen=True, kw_only=True, omit_defaults=True):
+    """One recovery request for one NodeWright on one node, written by the CLI.
+
+    retry: what failed (drain, stage, check, interrupt) runs again as a new attempt.
+    reset: every service forgets this NodeWright's progress on the node; it starts over.
+    rerun: the executor runs ``package``'s cycle (or only ``stage``) again.
+    """
+
+    seq: int
+    """1, 2, 3 ... per (NodeWright, node): services honour requests above their mark."""
+    action: RequestAction
+    package: str = ""
+    stage: str = ""
+    at: datetime
+    by: str = ""
+    """Who asked (user@host), for people reading the node."""
+
+
+class Requests(_Record, frozen=True, kw_only=True, omit_defaults=True):
+    requests: tuple[Request, ...] = ()
+    """Oldest first; at most :data:`MAX_REQUESTS` are kept."""
+
+    @property
+    def latest(self) -> int:
+        return self.requests[-1].seq if self.requests else 0
+
+    def after(self, honoured: int) -> tuple[Request, ...]:
+        """The requests newer than ``honoured``, oldest first."""
+        return tuple(r for r in self.requests if r.seq > honoured)
+
+
+RERUN_STAGES = ("apply", "upgrade", "config", "post-interrupt")
+"""Stages a rerun may name (the interrupt is shared by every package due on the node: rerun
+a package's cycle to run it again)."""
+
+MAX_REQUESTS = 8
+"""Requests kept on the node; a service that missed more than this honours the last ones."""
+
+
+def add_request(current: Requests | None, request: Request) -> Requests:
+    """``current`` with ``request`` appended (its ``seq`` replaced by the next number)."""
+    existing = current.requests if current is not None else ()
+    seq = (existing[-1].seq if existing else 0) + 1
+    new = msgspec.structs.replace(request, seq=seq)
+    return Requests(requests=(*existing, new)[-MAX_REQUESTS:])
+
+
+def read_requests(node: Mapping[str, Any], cr: str) -> Requests:
+    """The recovery requests for ``cr`` on ``node``; none when absent or undecodable (a
+    malformed requests annotation must not stop the rollout; the CLI reports it)."""
+    try:
+        return read(node, REQUESTS, cr, Requests) or Requests()
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return Requests()
 
 
 R = TypeVar("R", bound=_Record)

@@ -9,8 +9,9 @@ again. Rules:
 - **Cordon** when it is the drainer's turn (``progress.turn``): record the cordon together
   with it, and whether the node was already cordoned by someone else (``preexisting``, never
   uncordoned by us).
-- **Wait**, without timeout, while pods matching ``spec.podNonInterruptLabels`` run
-  (``ProtectedPodRunning``). Nothing is evicted meanwhile.
+- **Wait** while pods matching ``spec.podNonInterruptLabels`` run (``ProtectedPodRunning``),
+  as long as they run unless ``spec.drain.protectedPodsTimeoutSeconds`` is set: past it the
+  node fails (``ProtectedPodTimeout``, naming the pods). Nothing is evicted meanwhile.
 - **Drain** like ``kubectl drain`` with ``spec.drain``: ``filters.classify`` says, per pod, evict,
   delete, skip, block, or await (already terminating). Any blocking pod stops the drain
   before anything is evicted (``blocked``); eviction refusals come back through
@@ -21,6 +22,13 @@ again. Rules:
 - **Release** when the node is done, no longer admitted or targeted, or the CR is gone:
   remove the record; uncordon only if this CR holds the cordon, it was not preexisting, and
   no other NodeWright holds one.
+- **Recovery requests** (``shared.nodestate.Request``, from ``nodewright node retry|reset``)
+  newer than the record's ``honoured`` mark are honoured first: a retry restarts a failed
+  drain (fresh timeout), a reset restarts any drain; cordon ownership is a fact about the
+  node, not progress, so it is kept. The newest request number is recorded either way.
+- An **ignored** node (label ``nodewright.nvidia.com/ignore=true``) already admitted goes on
+  with the drain it was admitted for: stopping half-way would hold it cordoned and keep its
+  budget slot for as long as the label stays. The scheduler admits no ignored node.
 
 Pure: no I/O, ``now`` passed in. Performing the eviction calls, the node patch and the
 publishing is the shell's job (``services.drainer.service``).
@@ -57,6 +65,7 @@ PDB_BLOCKING: Final = "PodDisruptionBudgetBlocking"
 MULTIPLE_PDBS: Final = "MultiplePodDisruptionBudgets"
 EVICTION_REFUSED: Final = "EvictionRefused"
 DRAIN_TIMEOUT: Final = "DrainTimeout"
+PROTECTED_POD_TIMEOUT: Final = "ProtectedPodTimeout"
 
 # When several kinds of pods block, the reason's code is the first of these present.
 _BLOCK_ORDER: Final = (filters.UNMANAGED_POD, filters.EMPTY_DIR_DATA, filters.DAEMON_SET_POD)
@@ -221,9 +230,11 @@ def decide(
     eviction_retry_s: float = 5.0,
     deletion_poll_s: float = 5.0,
     source: str = "drainer",
+    requests: nodestate.Requests | None = None,
 ) -> Decision:
     """What to do for ``cr_name`` on ``node`` now. ``cr`` is None when the CR is gone;
-    ``others`` are the other NodeWrights' drainer records on the node (:func:`drain_records`)."""
+    ``others`` are the other NodeWrights' drainer records on the node (:func:`drain_records`);
+    ``requests`` the recovery requests for ``cr_name`` on the node."""
     if nodestate.key(nodestate.DRAINER, cr_name) in node.malformed:
         return Decision(problem="the drainer record does not decode; fix or reset the node")
     generation = (
@@ -235,12 +246,15 @@ def decide(
     rec = node.drain
     if rec is not None and must_release(cr, node):
         return _release(ctx, rec, node, others)
+    requests = requests or nodestate.Requests()
+    if rec is not None and requests.after(rec.honoured):
+        return Decision(write=NodeWrite(record=honour(rec, requests, ctx.now)), requeue_after=0.0)
     if cr is None or progress.turn(cr, node) != "drainer":
         return Decision()
-    if cr.paused or cr.disabled or node.ignored:
-        return Decision()  # started drains resume when the CR or node is let go again
+    if cr.paused or cr.disabled:
+        return Decision()  # started drains resume when the CR is let go again
     if rec is None:
-        return _cordon(ctx, node, others)
+        return _cordon(ctx, node, others, honoured=requests.latest)
     if rec.phase not in _ACTIVE:
         return Decision()
     if not node.unschedulable:
@@ -248,7 +262,7 @@ def decide(
         return Decision(write=NodeWrite(record=rec, unschedulable=True), requeue_after=0.0)
     protected = filters.protected_pods(pods, cr.spec.pod_non_interrupt_labels)
     if protected:
-        return _wait(ctx, rec, protected)
+        return _wait(ctx, rec, protected, cr.spec.drain.protected_pods_timeout_seconds)
     return _drain(
         ctx,
         rec,
@@ -259,7 +273,25 @@ def decide(
     )
 
 
-def _cordon(ctx: _Ctx, node: NodeFacts, others: Mapping[str, DrainRecord | None]) -> Decision:
+def honour(rec: DrainRecord, requests: nodestate.Requests, now: datetime) -> DrainRecord:
+    """``rec`` after the recovery requests newer than its mark: a reset restarts the drain,
+    a retry restarts a failed one (with a fresh timeout); the cordon and its ownership stay.
+    A rerun is the executor's business: only the mark moves."""
+    phase = rec.phase
+    restart = False
+    for req in requests.after(rec.honoured):
+        if req.action == "reset" or (req.action == "retry" and phase == "failed"):
+            restart, phase = True, "cordoned"
+    if not restart:
+        return replace(rec, honoured=requests.latest)
+    return replace(
+        rec, phase="cordoned", started=now, since=now, reason=None, honoured=requests.latest
+    )
+
+
+def _cordon(
+    ctx: _Ctx, node: NodeFacts, others: Mapping[str, DrainRecord | None], *, honoured: int
+) -> Decision:
     holders = [o for o in others.values() if o is None or o.cordoned]
     # Already cordoned, and not by another NodeWright (or by one that found it cordoned):
     # someone else's cordon, which must outlive ours.
@@ -267,7 +299,12 @@ def _cordon(ctx: _Ctx, node: NodeFacts, others: Mapping[str, DrainRecord | None]
         not holders or any(o is None or o.preexisting for o in holders)
     )
     rec = DrainRecord(
-        phase="cordoned", cordoned=True, preexisting=preexisting, started=ctx.now, since=ctx.now
+        phase="cordoned",
+        cordoned=True,
+        preexisting=preexisting,
+        started=ctx.now,
+        since=ctx.now,
+        honoured=honoured,  # a fresh record: requests made before it have nothing to act on
     )
     return Decision(
         write=NodeWrite(record=rec, unschedulable=True),
@@ -280,7 +317,14 @@ def _cordon(ctx: _Ctx, node: NodeFacts, others: Mapping[str, DrainRecord | None]
     )
 
 
-def _wait(ctx: _Ctx, rec: DrainRecord, protected: Sequence[PodInfo]) -> Decision:
+def _wait(
+    ctx: _Ctx, rec: DrainRecord, protected: Sequence[PodInfo], timeout_s: int | None
+) -> Decision:
+    waited_since = rec.since if rec.phase == "waiting" else ctx.now
+    remaining = None if timeout_s is None else timeout_s - (ctx.now - waited_since).total_seconds()
+    if remaining is not None and remaining <= 0:
+        assert timeout_s is not None
+        return _protected_timeout(ctx, rec, protected, timeout_s)
     reason = Reason(
         code=PROTECTED_POD_RUNNING,
         message=_clip(
@@ -292,12 +336,36 @@ def _wait(ctx: _Ctx, rec: DrainRecord, protected: Sequence[PodInfo]) -> Decision
     )
     new = _moved(rec, "waiting", ctx.now, reason=reason)
     if new == rec:
-        return Decision()
+        return Decision(requeue_after=remaining)
     publish: tuple[events.Event, ...] = ()
     if rec.phase != "waiting" or rec.reason != reason:
         publish = (ctx.event(events.NodeWaiting, "waiting", _digest(reason), reason=reason),)
-    # Pod changes on the node re-queue the key; no timer needed for an indefinite wait.
-    return Decision(write=NodeWrite(record=new), publish=publish)
+    # Pod changes on the node re-queue the key; the timer only enforces a deadline if set.
+    return Decision(write=NodeWrite(record=new), publish=publish, requeue_after=remaining)
+
+
+def _protected_timeout(
+    ctx: _Ctx, rec: DrainRecord, protected: Sequence[PodInfo], timeout_s: int
+) -> Decision:
+    protected = sorted(protected, key=lambda p: p.key)
+    reason = Reason(
+        code=PROTECTED_POD_TIMEOUT,
+        message=_clip(
+            f"{len(protected)} pod(s) matching podNonInterruptLabels still running after "
+            f"{timeout_s}s: " + _names([p.key for p in protected])
+        ),
+        objects=_listed([p.ref for p in protected]),
+        details={"timeoutSeconds": str(timeout_s), "pods": str(len(protected))},
+    )
+    failed = _moved(rec, "failed", ctx.now, reason=reason)
+    return Decision(
+        write=NodeWrite(record=failed),
+        publish=(
+            ctx.event(
+                events.DrainFailed, "protected-timeout", rec.since.isoformat(), reason=reason
+            ),
+        ),
+    )
 
 
 def _blocking_reason(blocking: Sequence[tuple[PodInfo, str]], evicted: int) -> Reason:

@@ -168,6 +168,7 @@ class Drainer:
             eviction_retry_s=self.settings.eviction_retry_s,
             deletion_poll_s=self.settings.deletion_poll_s,
             source=self.publisher.source,
+            requests=nodestate.read_requests(raw_node, cr_name),
         )
         if decision.problem:
             _log.error(
@@ -245,6 +246,12 @@ class Drainer:
         if after is None:
             extra["uncordoned"] = write.unschedulable is False
             _log.info("Released Node", extra=extra)
+            return
+        if before is not None and after.honoured != before.honoured:
+            _log.info(
+                "Honoured recovery requests",
+                extra={**extra, "request": after.honoured, "phase": after.phase},
+            )
             return
         if before is not None and (before.phase, _code(before)) == (after.phase, _code(after)):
             return

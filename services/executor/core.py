@@ -19,6 +19,13 @@ publish. Rules:
 - A pod that fails, cannot pull its image for ``image_pull_grace_s``, or exceeds the stage
   timeout fails the package with a machine-readable reason naming the image, exit code or
   timeout.
+- Recovery requests (``shared.nodestate.Request``) newer than the record's ``honoured`` mark
+  are honoured before anything else (:func:`honour`): retry turns every failed stage, stage
+  whose check failed, or failed interrupt into a new attempt (pod names include the attempt;
+  a verdict counts only for the attempt it is about); reset forgets the record; rerun
+  restarts one package's cycle, or one stage of it. New work waits until the drainer and
+  the validator have honoured the same requests, so a reset never runs stages on a node
+  about to be drained again, nor finishes before its validation was forgotten.
 
 Pure: no I/O, ``now`` passed in. The shell writes the record before creating pods, so a
 crash in between recreates the same deterministic pod instead of losing track of it.
@@ -34,15 +41,30 @@ from datetime import datetime
 import msgspec
 from msgspec.structs import replace as update
 
-from shared import api, events, pods, progress
+from shared import api, events, nodestate, pods, progress
 from shared.events import Reason
-from shared.nodestate import Cycle, ExecutorRecord, InterruptRecord, PackageRecord, check_key
+from shared.nodestate import (
+    Cycle,
+    ExecutorRecord,
+    InterruptRecord,
+    PackageRecord,
+    Request,
+    Requests,
+    ValidatorRecord,
+    check_key,
+)
 from shared.pods import PodView
 from shared.podspec import PodRequest
 from shared.progress import Desired, NodeFacts
 
 INTERRUPT_STAGE = "interrupt"
 POST_INTERRUPT = "post-interrupt"
+_FIRST_STAGE: dict[Cycle, str] = {
+    "install": "apply",
+    "upgrade": "upgrade",
+    "config": "config",
+    "uninstall": "uninstall",
+}
 # Stages whose pod is still meaningful to look at after they are recorded.
 _MESSAGE_TAIL = 512
 
@@ -310,9 +332,9 @@ def _packages(
                 continue
             w.packages[name] = _observe_stage(w, d, r, pod, grace)
             continue
-        # succeeded: wait for the validator's verdict on this stage's check
+        # succeeded: wait for the validator's verdict on this attempt's check
         verdict = w.node.validator.checks.get(check_key(name, r.version, r.stage))
-        if verdict is None or verdict.verdict != "passed":
+        if verdict is None or verdict.verdict != "passed" or verdict.attempt != r.attempt:
             continue
         if may_start:
             w.packages[name] = _advance(w, d, r)
@@ -358,6 +380,8 @@ def _interrupt(
     merged = progress.merge_interrupts([_interrupt_of(w.packages[n]) for n in due])
     assert merged is not None
     iid = _interrupt_id(due, w.packages)
+    # A retried interrupt runs as a new attempt: its packages' attempts were raised.
+    attempt = max(w.packages[n].attempt for n in due)
     record = InterruptRecord(
         type=merged.type,
         services=tuple(merged.services),
@@ -365,6 +389,7 @@ def _interrupt(
         boot_id_before=w.node.boot_id,
         packages=tuple(due),
         started=w.now,
+        attempt=attempt,
     )
     w.interrupt = record
     req = PodRequest(
@@ -372,7 +397,7 @@ def _interrupt(
         package="",
         stage=INTERRUPT_STAGE,
         version=iid,
-        attempt=1,
+        attempt=attempt,
         interrupt=merged,
     )
     req = replace(req, name=pod_name(w.cr.metadata.name, w.node.name, req))
@@ -401,7 +426,7 @@ def _observe_interrupt(
         if all(p in w.packages for p in intr.packages)
         else ""
     )
-    pod = pods_by.get(("", INTERRUPT_STAGE, iid, 1))
+    pod = pods_by.get(("", INTERRUPT_STAGE, iid, intr.attempt))
     if pod is not None:
         w.keep.add(pod.name)
     timeout = max(_stage_timeout(w.cr, d) for d in progress.desired(w.cr).values())
@@ -466,6 +491,84 @@ def _observe_interrupt(
         _request_stage(w, d, new)
 
 
+# ---- recovery requests ----------------------------------------------------------------
+
+
+def _again(r: PackageRecord, now: datetime, **changes: object) -> PackageRecord:
+    """``r`` running again as a new attempt (new pod names), without its old reason."""
+    return update(r, state="running", attempt=r.attempt + 1, reason=None, updated=now, **changes)
+
+
+def _retry(
+    record: ExecutorRecord, desired: Mapping[str, Desired], checks: ValidatorRecord, now: datetime
+) -> ExecutorRecord:
+    packages = dict(record.packages)
+    interrupt = record.interrupt
+    for name, r in record.packages.items():
+        d = desired.get(name)
+        if d is None or d.version != r.version:
+            continue  # failures of versions no longer wanted do not count anyway
+        verdict = checks.checks.get(check_key(name, r.version, r.stage))
+        check_failed = (
+            r.state == "succeeded"
+            and verdict is not None
+            and verdict.verdict == "failed"
+            and verdict.attempt == r.attempt
+        )
+        if r.state == "failed" or check_failed:
+            packages[name] = _again(r, now)
+    if interrupt is not None and interrupt.state == "failed":
+        interrupt = None  # its packages, failed with it, start a new one as a new attempt
+    return update(record, packages=packages, interrupt=interrupt)
+
+
+def _rerun(
+    record: ExecutorRecord, desired: Mapping[str, Desired], req: Request, now: datetime
+) -> ExecutorRecord:
+    r = record.packages.get(req.package)
+    d = desired.get(req.package)
+    if r is None or d is None or r.version != d.version or d.uninstall_requested:
+        return record  # nothing of it here yet, or a new cycle is due anyway
+    if req.stage:
+        if req.stage not in nodestate.RERUN_STAGES:
+            return record
+        new = _again(r, now, stage=req.stage)
+    elif r.state == "succeeded" and r.installed == r.version:
+        # Finished: run its install again, with the interrupt the package declares.
+        new = _again(
+            r,
+            now,
+            stage="apply",
+            cycle="install",
+            previous="",
+            interrupt=d.interrupt.type if d.interrupt else "",
+            interrupt_services=tuple(d.interrupt.services) if d.interrupt else (),
+        )
+    else:
+        new = _again(r, now, stage=_FIRST_STAGE[r.cycle])
+    return update(record, packages={**record.packages, req.package: new})
+
+
+def honour(
+    record: ExecutorRecord,
+    requests: Requests,
+    *,
+    desired: Mapping[str, Desired],
+    checks: ValidatorRecord,
+    now: datetime,
+) -> ExecutorRecord:
+    """``record`` after the recovery requests newer than its mark, marked as honoured."""
+    for req in requests.after(record.honoured):
+        match req.action:
+            case "retry":
+                record = _retry(record, desired, checks, now)
+            case "reset":
+                record = ExecutorRecord()
+            case "rerun":
+                record = _rerun(record, desired, req, now)
+    return update(record, honoured=requests.latest)
+
+
 def decide(
     *,
     cr: api.NodeWright,
@@ -474,7 +577,20 @@ def decide(
     now: datetime,
     image_pull_grace_s: float = 60.0,
     source: str = "executor",
+    requests: Requests | None = None,
 ) -> Decision:
+    requests = requests or Requests()
+    fresh = not node.executor.packages and node.executor.interrupt is None
+    if requests.after(node.executor.honoured) and not fresh:
+        honoured = honour(
+            node.executor,
+            requests,
+            desired=progress.desired(cr),
+            checks=node.validator,
+            now=now,
+        )
+        # Written alone; the next pass (at once) starts the new attempts and drops old pods.
+        return Decision(record=honoured, requeue_after=0.0)
     turn = progress.turn(cr, node)
     w = _Work(
         cr=cr,
@@ -487,12 +603,22 @@ def decide(
     mine = [p for p in node_pods if p.cr == cr.metadata.name and p.node == node.name]
     pods_by = {(p.package, p.stage, p.version, p.attempt): p for p in mine if not p.deleting}
     desired = progress.desired(cr)
-    may_start = turn == "executor" and not cr.paused and not cr.disabled
+    # The drainer and validator must have seen the same requests first: a reset restarts
+    # the drain and forgets the node's validation.
+    behind = (node.drain is not None and node.drain.honoured < requests.latest) or (
+        node.validator != ValidatorRecord(honoured=node.validator.honoured)
+        and node.validator.honoured < requests.latest
+    )
+    may_start = turn == "executor" and not cr.paused and not cr.disabled and not behind
     if turn in ("executor", "failed"):
         _packages(w, desired, pods_by, image_pull_grace_s, may_start)
         _interrupt(w, desired, pods_by, image_pull_grace_s, may_start)
     delete = tuple(sorted(p.name for p in mine if p.name not in w.keep and not p.deleting))
-    new_record = ExecutorRecord(packages=w.packages, interrupt=w.interrupt)
+    # A fresh record starts out having honoured every request: there was nothing to act on.
+    mark = requests.latest if fresh else node.executor.honoured
+    new_record = ExecutorRecord(packages=w.packages, interrupt=w.interrupt, honoured=mark)
+    if fresh and not new_record.packages and new_record.interrupt is None:
+        new_record = node.executor  # nothing to write yet
     changed = new_record != node.executor
     return Decision(
         record=new_record if changed else None,

@@ -37,6 +37,9 @@ _log = logging.getLogger("nodewright.executor")
 
 NODEWRIGHTS = path_of(group=api.GROUP, version=api.VERSION, plural=api.NODEWRIGHT_PLURAL)
 NODES = path_of(plural="nodes")
+_KEYED_BY = (nodestate.SCHEDULER, nodestate.REQUESTS)
+"""A node is looked at for a CR when admitted, or when it carries recovery requests (a rerun
+on a finished, released node starts there)."""
 
 
 class Executor:
@@ -86,8 +89,9 @@ class Executor:
     def all_keys(self) -> Iterable[NodeKey]:
         keys: set[NodeKey] = self.pod_index.keys()
         for node in self.nodes.values():
-            for cr in nodestate.crs_with(node, nodestate.SCHEDULER):
-                keys.add((cr, node["metadata"]["name"]))
+            for owner in _KEYED_BY:
+                for cr in nodestate.crs_with(node, owner):
+                    keys.add((cr, node["metadata"]["name"]))
         return keys
 
     def _cr_keys(self, old: JSON | None, new: JSON | None) -> Iterable[NodeKey]:
@@ -102,9 +106,13 @@ class Executor:
         if not obj:
             return []
         name = obj["metadata"]["name"]
-        crs = set(nodestate.crs_with(obj, nodestate.SCHEDULER))
-        if old:
-            crs |= set(nodestate.crs_with(old, nodestate.SCHEDULER))
+        crs = {
+            cr
+            for o in (old, new)
+            if o
+            for owner in _KEYED_BY
+            for cr in nodestate.crs_with(o, owner)
+        }
         return [(cr, name) for cr in crs]
 
     # ---- reconcile ----------------------------------------------------------------------
@@ -134,7 +142,17 @@ class Executor:
             now=self.ctx.clock(),
             image_pull_grace_s=self.settings.image_pull_grace_s,
             source=self.publisher.source,
+            requests=nodestate.read_requests(raw_node, cr_name),
         )
+        if decision.record is not None and decision.record.honoured != facts.executor.honoured:
+            _log.info(
+                "Honoured recovery requests",
+                extra={
+                    "nodewright": cr_name,
+                    "node": node_name,
+                    "request": decision.record.honoured,
+                },
+            )
         if decision.record is not None and not await self._write_record(
             cr_name, node_name, decision.record
         ):

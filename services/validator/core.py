@@ -11,7 +11,13 @@ For one (NodeWright, node) pair:
   reboot interrupt must have completed (the executor judges that by the boot ID). The
   validated target digest is recorded so the drainer and scheduler can release the node;
 - a runtime-required node's readiness taint is lifted once every runtime-required
-  NodeWright targeting it is validated there (the shell says whether that holds).
+  NodeWright targeting it is validated there (the shell says whether that holds);
+- a verdict is about one attempt of a stage: once the executor runs the stage again (a
+  retry or rerun), the old verdict is dropped and the new attempt gets its own check;
+- recovery requests (``shared.nodestate.Request``) newer than the record's ``honoured``
+  mark are honoured first (:func:`honour`): reset forgets every verdict and the node's
+  validation, rerun forgets the node's validation (it is validated again afterwards),
+  retry needs nothing here (the executor's new attempts make the failed verdicts stale).
 
 Pure: no I/O, ``now`` passed in.
 """
@@ -24,7 +30,7 @@ from datetime import datetime
 
 from shared import api, events, pods, progress
 from shared.events import Reason
-from shared.nodestate import CheckRecord, ValidatorRecord, check_key
+from shared.nodestate import CheckRecord, Requests, ValidatorRecord, check_key
 from shared.pods import PodView
 from shared.podspec import PodRequest
 from shared.progress import NodeFacts
@@ -97,11 +103,12 @@ def _verdict_from_pod(
 ) -> CheckRecord | None:
     ref = (pods.pods_kind_ref(pod),)
     if pod.phase == "Succeeded":
-        return CheckRecord(verdict="passed", at=now)
+        return CheckRecord(verdict="passed", at=now, attempt=pod.attempt)
     if pod.phase == "Failed":
         return CheckRecord(
             verdict="failed",
             at=now,
+            attempt=pod.attempt,
             reason=Reason(
                 code="CheckFailed",
                 message=f"check {pod.stage}-check of {pod.package} {pod.version} failed "
@@ -112,11 +119,12 @@ def _verdict_from_pod(
         )
     pull = pods.image_pull_failure(pod, now=now, grace_s=grace)
     if pull is not None:
-        return CheckRecord(verdict="failed", at=now, reason=pull)
+        return CheckRecord(verdict="failed", at=now, reason=pull, attempt=pod.attempt)
     if (now - started).total_seconds() >= timeout:
         return CheckRecord(
             verdict="failed",
             at=now,
+            attempt=pod.attempt,
             reason=Reason(
                 code="CheckTimeout",
                 message=f"check {pod.stage}-check of {pod.package} ran longer than {timeout}s",
@@ -138,6 +146,9 @@ def _checks(
             continue
         key = check_key(name, r.version, r.stage)
         wanted.add(key)
+        stale = w.checks.get(key)
+        if stale is not None and stale.attempt != r.attempt:
+            del w.checks[key]  # about an earlier attempt of the stage, run again since
         if r.state != "succeeded":
             continue
         v = w.checks.get(key)
@@ -152,7 +163,7 @@ def _checks(
         if v is None:
             if not may_start:
                 continue
-            w.checks[key] = CheckRecord(verdict="running", at=w.now)
+            w.checks[key] = CheckRecord(verdict="running", at=w.now, attempt=r.attempt)
             w.create.append(req)
             w.keep.add(req.name)
             continue
@@ -201,6 +212,25 @@ def _checks(
             del w.checks[key]
 
 
+def honour(record: ValidatorRecord, requests: Requests) -> ValidatorRecord:
+    """``record`` after the recovery requests newer than its mark, marked as honoured."""
+    for req in requests.after(record.honoured):
+        match req.action:
+            case "reset":
+                record = ValidatorRecord()
+            case "rerun":
+                record = ValidatorRecord(checks=record.checks)
+            case "retry":
+                pass  # the executor's new attempts make the failed verdicts stale
+    return ValidatorRecord(
+        checks=record.checks,
+        validated=record.validated,
+        at=record.at,
+        reason=record.reason,
+        honoured=requests.latest,
+    )
+
+
 def decide(
     *,
     cr: api.NodeWright,
@@ -211,7 +241,12 @@ def decide(
     has_readiness_taint: bool = False,
     image_pull_grace_s: float = 120.0,
     source: str = "validator",
+    requests: Requests | None = None,
 ) -> Decision:
+    requests = requests or Requests()
+    fresh = node.validator == ValidatorRecord(honoured=node.validator.honoured)
+    if requests.after(node.validator.honoured) and not fresh:
+        return Decision(record=honour(node.validator, requests), requeue_after=0.0)
     w = _Work(cr=cr, node=node, now=now, source=source, checks=dict(node.validator.checks))
     mine = [
         p
@@ -237,7 +272,13 @@ def decide(
         else:
             validated, at, reason = target, now, None
             w.out.emit(events.NodeValidated, "validated", target)
-    new = ValidatorRecord(checks=w.checks, validated=validated, at=at, reason=reason)
+    # A fresh record starts out having honoured every request: there was nothing to act on.
+    honoured = requests.latest if fresh else record.honoured
+    new = ValidatorRecord(
+        checks=w.checks, validated=validated, at=at, reason=reason, honoured=honoured
+    )
+    if fresh and new == ValidatorRecord(honoured=honoured):
+        new = record  # nothing to write yet
     delete = tuple(sorted(p.name for p in mine if p.name not in w.keep and not p.deleting))
     return Decision(
         record=new if new != record else None,

@@ -28,6 +28,7 @@ _log = logging.getLogger("nodewright.validator")
 
 NODEWRIGHTS = path_of(group=api.GROUP, version=api.VERSION, plural=api.NODEWRIGHT_PLURAL)
 NODES = path_of(plural="nodes")
+_KEYED_BY = (nodestate.SCHEDULER, nodestate.EXECUTOR, nodestate.REQUESTS)
 
 
 class Validator:
@@ -77,7 +78,7 @@ class Validator:
         keys: set[NodeKey] = self.pod_index.keys()
         for node in self.nodes.values():
             name = node["metadata"]["name"]
-            for owner in (nodestate.SCHEDULER, nodestate.EXECUTOR):
+            for owner in _KEYED_BY:
                 keys.update((cr, name) for cr in nodestate.crs_with(node, owner))
         return keys
 
@@ -96,7 +97,7 @@ class Validator:
         crs: set[str] = set()
         for o in (old, new):
             if o:
-                for owner in (nodestate.SCHEDULER, nodestate.EXECUTOR):
+                for owner in _KEYED_BY:
                     crs.update(nodestate.crs_with(o, owner))
         return [(cr, name) for cr in crs]
 
@@ -146,7 +147,17 @@ class Validator:
             has_readiness_taint=has_taint,
             image_pull_grace_s=self.settings.pods.image_pull_grace_s,
             source=self.publisher.source,
+            requests=nodestate.read_requests(raw_node, cr_name),
         )
+        if decision.record is not None and decision.record.honoured != facts.validator.honoured:
+            _log.info(
+                "Honoured recovery requests",
+                extra={
+                    "nodewright": cr_name,
+                    "node": node_name,
+                    "request": decision.record.honoured,
+                },
+            )
         changes = decision.record is not None or decision.remove_readiness_taint
         if changes and not await self._write(cr_name, raw_node, decision):
             return 0.5

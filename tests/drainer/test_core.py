@@ -404,7 +404,6 @@ def test_cordon_records_ownership_in_the_same_write(
         pytest.param({"drain": _record("failed")}, {}, {}, id="failed-stays-as-is"),
         pytest.param({}, {}, {api.PAUSE_ANNOTATION: "true"}, id="paused"),
         pytest.param({}, {}, {api.DISABLE_ANNOTATION: "true"}, id="disabled"),
-        pytest.param({"labels": {nodestate.IGNORE_LABEL: "true"}}, {}, {}, id="ignored-node"),
     ],
 )
 def test_nothing_happens_when_it_is_not_the_drainers_move(
