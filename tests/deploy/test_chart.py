@@ -34,7 +34,15 @@ async def _run(*argv: str, stdin: str = "") -> str:
 
 async def _render(rig: Rig, *extra: str) -> list[dict[str, Any]]:
     text = await _run(
-        str(rig.bin_dir / "helm"), "template", "nw", str(CHART), "-n", "nodewright-system", *extra
+        str(rig.bin_dir / "helm"),
+        "template",
+        "nw",
+        str(CHART),
+        "-n",
+        "nodewright-system",
+        "--kube-version",
+        "1.36.3",
+        *extra,
     )
     return [d for d in yaml.safe_load_all(text) if d]
 
@@ -88,6 +96,8 @@ async def test_the_rendered_chart_is_accepted_by_the_api_server(rig: Rig, kapi: 
         str(CHART),
         "-n",
         "nodewright-system",
+        "--kube-version",
+        "1.36.3",
         "--include-crds",
     )
     out = await _run(
