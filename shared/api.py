@@ -1006,8 +1006,9 @@ class Rollout(_Model, frozen=True, kw_only=True):
     whatever the progress (the reference's failureThreshold). Unset never stops."""
     shrink_after_failure_until_percent: Percent = 50
     """While fewer than this percent of the compartment's nodes are done, a failed batch makes
-    the next batch smaller (linear: -delta, exponential: /growthFactor); from then on batches
-    keep growing (the reference's safetyLimit; it does not disable the stop gate here)."""
+    the next batch smaller (linear: -delta, exponential: /growthFactor); from then on a failed
+    batch keeps the next one the same size. Batches grow only after a passing batch (unlike
+    the reference's safetyLimit, this never disables the stop gate)."""
     blocked_nodes_count_as_failed: bool = False
     """Count nodes of a batch that turn out Blocked (ignore label, untolerated taint) as failed
     for the success gate. false: they are left out of the batch's accounting."""

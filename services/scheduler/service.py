@@ -1,15 +1,22 @@
 """The scheduler's async shell: caches, leader election, and carrying out the core's plan.
 
 One replica holds the ``nodewright-scheduler`` Lease and acts; the others stand by, so two
-replicas never admit nodes against the same budget at once. For each NodeWright (the work
-key) it reads the cached CR, policy and nodes, asks :func:`services.scheduler.core.plan`
-what to do, writes each admission to the node (with the node's resourceVersion as a
-precondition, and through to the cache so the next decision counts it), and publishes
-``node.selected`` / ``node.completed``. Deciding is the core's job.
+replicas never admit nodes against the same budget at once (a dead holder's lease expires
+and another replica takes over). For each NodeWright (the work key) it reads the cached CR,
+policy and nodes, what every other NodeWright holds (the admissions on the nodes: the
+cluster budget ``NODEWRIGHT_SCHEDULER_CLUSTER_BUDGET`` and a policy's ``sharedBudget`` are
+counted from them at decision time, so they survive crashes) and the priority order, asks
+:func:`services.scheduler.core.plan` what to do, writes the batch book to the CR
+(annotation ``scheduler.nodewright.nvidia.com/batches``, resourceVersion precondition),
+then each admission to the node (node resourceVersion precondition, written through to the
+cache so the next decision counts it), and publishes ``node.selected`` / ``node.completed``.
+Decisions of all NodeWrights are serialized by one lock, so two CRs never both take the
+last slot of a shared budget. Deciding is the core's job.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -21,7 +28,7 @@ from services.scheduler.config import Settings
 from shared import api, events, nodestate, progress, runtime, streaming, subjects
 from shared.controller import Controller, patch_node
 from shared.informer import Informer
-from shared.kube import JSON, path_of
+from shared.kube import JSON, ApiError, path_of
 from shared.leader import LeaderElector
 
 NAME = "scheduler"
@@ -35,6 +42,9 @@ NODES = path_of(plural="nodes")
 class Scheduler:
     def __init__(self, ctx: runtime.ServiceContext) -> None:
         self.ctx = ctx
+        assert isinstance(ctx.settings, Settings)
+        self.settings = ctx.settings.scheduler
+        self._decide = asyncio.Lock()
         self.publisher = streaming.Publisher(
             ctx.bus, source=f"{NAME}/{ctx.identity}", registry=ctx.registry
         )
@@ -109,17 +119,114 @@ class Scheduler:
         if cr.spec.deployment_policy:
             raw_policy = self.policies.get(cr.spec.deployment_policy)
             if raw_policy is None:
-                return (
-                    self.ctx.settings.resync_interval_s
-                )  # status reports DeploymentPolicyNotFound
+                # Nothing new starts; finished nodes are still released.
+                async with self._decide:
+                    return await self._decide_for(cr, None, missing=True)
             policy = api.from_dict(raw_policy, api.DeploymentPolicy)
-        facts = [progress.facts(n, name) for n in self.nodes.values()]
-        plan = core.plan(cr=cr, policy=policy, nodes=facts, now=self.ctx.clock())
+        async with self._decide:
+            return await self._decide_for(cr, policy, missing=False)
+
+    async def _decide_for(
+        self, cr: api.NodeWright, policy: api.DeploymentPolicy | None, *, missing: bool
+    ) -> float | None:
+        name = cr.metadata.name
+        raw_nodes = list(self.nodes.values())
+        facts = [progress.facts(n, name) for n in raw_nodes]
+        crs = self._decoded_crs()
+        plan = core.plan(
+            cr=cr,
+            policy=policy,
+            nodes=facts,
+            now=self.ctx.clock(),
+            book=progress.read_batch_book(cr.metadata.annotations),
+            caps=self._caps(cr, policy, crs, raw_nodes),
+            priority_waits=progress.priority_waits(cr, crs, raw_nodes),
+            policy_missing=missing,
+        )
+        for note in plan.events:
+            _log.info("Changed batch state", extra={"nodewright": name, "change": note})
         for node in plan.release:
             await self._release(cr, node)
+        changed = plan.book != progress.read_batch_book(cr.metadata.annotations)
+        if changed and not await self._write_book(cr, plan.book):
+            self.controller.queue.add(name, after=0.5)
+            return None
         for admit in plan.admit:
             await self._admit(cr, admit)
         return self.ctx.settings.resync_interval_s
+
+    def _decoded_crs(self) -> list[api.NodeWright]:
+        out = []
+        for raw in self.crs.values():
+            try:
+                out.append(api.from_dict(raw, api.NodeWright))
+            except msgspec.ValidationError:
+                continue
+        return out
+
+    def _caps(
+        self,
+        cr: api.NodeWright,
+        policy: api.DeploymentPolicy | None,
+        crs: list[api.NodeWright],
+        raw_nodes: list[JSON],
+    ) -> list[core.SharedCap]:
+        """The budgets shared with other NodeWrights, with the distinct nodes holding them
+        now: the admissions of every NodeWright on the nodes."""
+        caps: list[core.SharedCap] = []
+        held: dict[str, set[str]] = {}
+        for n in raw_nodes:
+            for owner in nodestate.crs_with(n, nodestate.SCHEDULER):
+                held.setdefault(owner, set()).add(str(n["metadata"]["name"]))
+        limit = self.settings.cluster_budget
+        if limit is not None:
+            holders = frozenset().union(*held.values()) if held else frozenset()
+            caps.append(
+                core.SharedCap(
+                    name="cluster budget",
+                    code=progress.CLUSTER_BUDGET_EXHAUSTED,
+                    limit=limit,
+                    holders=holders,
+                )
+            )
+        if policy is not None and policy.spec.shared_budget is not None:
+            peers = [o for o in crs if o.spec.deployment_policy == policy.metadata.name]
+            scope = {
+                str(n["metadata"]["name"])
+                for n in raw_nodes
+                for o in peers
+                if progress.selector_matches(
+                    o.spec.node_selectors, n["metadata"].get("labels") or {}
+                )
+            }
+            holders = frozenset(node for o in peers for node in held.get(o.metadata.name, set()))
+            caps.append(
+                core.SharedCap(
+                    name=f"sharedBudget of DeploymentPolicy {policy.metadata.name}",
+                    code=progress.SHARED_BUDGET_EXHAUSTED,
+                    limit=progress.budget_nodes(policy.spec.shared_budget, len(scope)),
+                    holders=holders,
+                )
+            )
+        return caps
+
+    async def _write_book(self, cr: api.NodeWright, book: progress.BatchBook) -> bool:
+        """Persist the batch book on the CR; False if the CR changed meanwhile."""
+        body = {
+            "metadata": {
+                "resourceVersion": cr.metadata.resource_version,
+                "annotations": {progress.BATCHES_ANNOTATION: progress.encode_batch_book(book)},
+            }
+        }
+        try:
+            written = await self.ctx.kube.patch(f"{NODEWRIGHTS}/{cr.metadata.name}", body)
+        except ApiError as exc:
+            if exc.conflict or exc.not_found:
+                _log.info("Skipped stale batch state write", extra={"nodewright": cr.metadata.name})
+                return False
+            raise
+        self.crs.observe(written)
+        return True
 
     async def _write(self, cr: str, node: str, selection: nodestate.Selection | None) -> bool:
         """Write (or remove) this CR's admission on the node; False if the node changed."""

@@ -5,10 +5,11 @@ phase (the fine-grained one of the status record and node condition), the coarse
 CR status counts, a machine-readable reason, the package concerned and since when:
 
 - whose turn it is comes from ``shared.progress.turn``, so every service agrees;
-- a node the scheduler has not admitted gets its reason from the scheduler's own
-  eligibility rules, in its order: ignored (Blocked NodeIgnored), untolerated taints
-  (Blocked TaintNotTolerated), a missing DeploymentPolicy (Blocked), disabled or paused
-  (Waiting), NotReady, then BudgetExhausted while the budget is full, else WaitingForBatch;
+- a node the scheduler has not admitted gets its reason from the scheduler's own rules,
+  shared in ``shared.progress``: ``ineligible`` (ignored, untolerated taints, a missing
+  DeploymentPolicy: Blocked; disabled, paused, NotReady: Waiting), then WaitingForPriority,
+  WaitingForWindow, CompartmentStopped (from the scheduler's batch book on the CR),
+  BudgetExhausted while its compartment's budget is full, else WaitingForBatch;
 - a drain record that waits or is blocked makes the node Waiting or Blocked with the
   drainer's reason; any failed record makes it Failed with that record's reason; a record
   that does not decode makes it Blocked (NodeStateMalformed).
@@ -34,7 +35,7 @@ from shared.events import Reason
 from shared.nodestate import NodePhase, StatusRecord
 from shared.progress import NodeFacts
 
-DEFAULT_COMPARTMENT: Final = "default"
+DEFAULT_COMPARTMENT: Final = progress.DEFAULT_COMPARTMENT
 """The compartment of nodes no policy compartment selects, as the scheduler records it."""
 
 # Machine-readable node reasons produced here (the others come from the services' records).
@@ -171,35 +172,6 @@ def _bounded(reason: Reason) -> Reason:
     )
 
 
-def budget_nodes(budget: api.Budget | None, matched: int) -> int:
-    """A budget in nodes by the scheduler's rule: a percent of the matched nodes rounded down
-    but at least 1; unset means one node at a time; 0 when nothing matched."""
-    if not matched:
-        return 0
-    if budget is None:
-        return 1
-    if budget.count is not None:
-        return budget.count
-    if budget.percent is not None:
-        return max(1, matched * budget.percent // 100)
-    return 1
-
-
-def budget_of(cr: api.NodeWright, policy: api.DeploymentPolicy | None) -> api.Budget | None:
-    """The budget the scheduler applies to the CR's (default compartment's) nodes."""
-    return policy.spec.default.budget if policy is not None else cr.spec.interruption_budget
-
-
-def _busy(node: NodeFacts) -> bool:
-    """Holds a budget slot as the scheduler counts it: admitted, NotReady, or cordoned by
-    someone else."""
-    return (
-        node.selection is not None
-        or not node.ready
-        or (node.unschedulable and (node.drain is None or not node.drain.cordoned))
-    )
-
-
 # ---- per node ----------------------------------------------------------------------------
 
 
@@ -240,11 +212,16 @@ def _v(
 
 @dataclass(frozen=True)
 class _Fleet:
-    """What the scheduler's eligibility rules need to know about all target nodes."""
+    """What the scheduler's rules need to know about all target nodes."""
 
     policy_missing: bool
-    limit: int
-    in_flight: int
+    limit: Mapping[str, int]
+    in_flight: Mapping[str, int]
+    assigned: Mapping[str, str]
+    stopped: Mapping[str, str]
+    """Stopped compartment -> why."""
+    window_open: bool
+    priority_waits: Mapping[str, str]
 
 
 def _failure(node: NodeFacts) -> _Verdict:
@@ -278,29 +255,29 @@ def _failure(node: NodeFacts) -> _Verdict:
 
 def _not_admitted(cr: api.NodeWright, node: NodeFacts, fleet: _Fleet) -> _Verdict:
     """Why the scheduler has not admitted the node: its rules, in its order."""
-    if node.ignored:
-        return _v("Blocked", NODE_IGNORED, f"node is labelled {nodestate.IGNORE_LABEL}=true")
-    taints = progress.untolerated_taints(cr, node)
-    if taints:
-        text = "taints not tolerated by additionalTolerations: " + ", ".join(taints)
-        return _v("Blocked", TAINT_NOT_TOLERATED, text)
-    if fleet.policy_missing:
-        text = f"DeploymentPolicy {cr.spec.deployment_policy} does not exist"
-        return _v("Blocked", api.NodeReason.POLICY_NOT_FOUND, text)
-    if cr.disabled:
-        return _v("Waiting", DISABLED, "the NodeWright is disabled")
-    if cr.paused:
-        return _v("Waiting", PAUSED, "the NodeWright is paused")
-    if not node.ready:
-        return _v("Waiting", NODE_NOT_READY, "node is not Ready")
-    if fleet.in_flight >= fleet.limit:
+    reason = progress.ineligible(cr, node, policy_missing=fleet.policy_missing)
+    if reason is not None:
+        return _Verdict("Blocked" if reason.code in progress.BLOCKING else "Waiting", reason)
+    blocker = fleet.priority_waits.get(node.name)
+    if blocker:
+        text = f"waiting for NodeWright {blocker} (priority and sequencing)"
+        return _v("Waiting", api.NodeReason.WAITING_FOR_PRIORITY, text)
+    if not fleet.window_open:
+        text = "outside every maintenance window"
+        return _v("Waiting", api.NodeReason.WAITING_FOR_WINDOW, text)
+    comp = fleet.assigned.get(node.name, DEFAULT_COMPARTMENT)
+    if comp in fleet.stopped:
+        text = f"compartment {comp} stopped: {fleet.stopped[comp]}"
+        return _v("Waiting", progress.COMPARTMENT_STOPPED, text)
+    limit, in_flight = fleet.limit.get(comp, 0), fleet.in_flight.get(comp, 0)
+    if in_flight >= limit:
         reason = Reason(
             code=BUDGET_EXHAUSTED,
-            message=f"{fleet.in_flight} of {fleet.limit} budgeted nodes are in progress",
-            details={"budget": str(fleet.limit), "inProgress": str(fleet.in_flight)},
+            message=f"{in_flight} of {limit} budgeted nodes of compartment {comp} are busy",
+            details={"budget": str(limit), "inProgress": str(in_flight)},
         )
         return _Verdict("Waiting", reason)
-    text = "a budget slot is free; waiting for the scheduler to admit the node"
+    text = f"waiting for the next batch of compartment {comp}"
     return _v("Waiting", api.NodeReason.WAITING_FOR_BATCH, text)
 
 
@@ -380,11 +357,48 @@ def _verdict(cr: api.NodeWright, node: NodeFacts, fleet: _Fleet) -> _Verdict:
             return _v("Validating", VALIDATING, "every package is done; validating the node")
 
 
+def fleet_of(
+    cr: api.NodeWright,
+    policy: api.DeploymentPolicy | None,
+    targets: Sequence[NodeFacts],
+    now: datetime,
+    priority_waits: Mapping[str, str],
+) -> _Fleet:
+    """The scheduler's view of all target nodes: compartments, budgets, stops, window."""
+    rules = progress.compartment_rules(cr, policy)
+    known = {r.name for r in rules}
+    assigned = progress.assign_compartments(rules, targets)
+    in_flight: dict[str, int] = {}
+    for f in targets:
+        if progress.busy(f):
+            comp = progress.compartment_of(f, assigned, known)
+            in_flight[comp] = in_flight.get(comp, 0) + 1
+    matched: dict[str, int] = {}
+    for comp in assigned.values():
+        matched[comp] = matched.get(comp, 0) + 1
+    book = progress.read_batch_book(cr.metadata.annotations)
+    windows = policy.spec.maintenance_windows if policy is not None else []
+    return _Fleet(
+        policy_missing=bool(cr.spec.deployment_policy) and policy is None,
+        limit={
+            r.name: progress.budget_nodes(r.rollout.budget, matched.get(r.name, 0)) for r in rules
+        },
+        in_flight=in_flight,
+        assigned=assigned,
+        stopped={
+            name: c.state.stop_message for name, c in book.compartments.items() if c.state.stopped
+        },
+        window_open=progress.in_window(windows, now),
+        priority_waits=priority_waits,
+    )
+
+
 def assess(
     cr: api.NodeWright,
     policy: api.DeploymentPolicy | None,
     nodes: Sequence[Observed],
     now: datetime,
+    priority_waits: Mapping[str, str] | None = None,
 ) -> list[NodeView]:
     """The view of every given node for ``cr``, sorted by node name. Nodes that are not
     targets get a NotTargeted view: they count only where packages are present."""
@@ -392,15 +406,13 @@ def assess(
     selector = cr.spec.node_selectors
     is_target = {o.name: progress.selector_matches(selector, o.facts.labels) for o in nodes}
     targets = [o.facts for o in nodes if is_target[o.name]]
-    fleet = _Fleet(
-        policy_missing=bool(cr.spec.deployment_policy) and policy is None,
-        limit=budget_nodes(budget_of(cr, policy), len(targets)),
-        in_flight=sum(1 for f in targets if _busy(f)),
-    )
+    fleet = fleet_of(cr, policy, targets, now, priority_waits or {})
     views: list[NodeView] = []
     for obs in sorted(nodes, key=lambda o: o.name):
         f = obs.facts
-        compartment = f.selection.compartment if f.selection else DEFAULT_COMPARTMENT
+        compartment = fleet.assigned.get(f.name, DEFAULT_COMPARTMENT)
+        if f.selection is not None:
+            compartment = f.selection.compartment
         if is_target[obs.name]:
             verdict = _verdict(cr, f, fleet)
         else:

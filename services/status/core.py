@@ -6,7 +6,7 @@ the node views of ``services.status.assessing`` and ``now``:
 
 - :func:`compute_status` / :func:`summarize` give the CR status: node counts, ``3/5``,
   the package list, per-package counts from the executor records, per-compartment progress
-  from the scheduler's admissions (the batch state is the scheduler's and carried over),
+  (the batch state is the scheduler's, read from its batch book annotation on the CR),
   at most ``api.MAX_NODE_DETAILS`` node details (failed first, then blocked, in progress,
   waiting) and the conditions: Ready always (True exactly when every target node is
   complete for the current spec), then the problem conditions that hold
@@ -31,7 +31,7 @@ from typing import Any, Final, Literal
 
 from services.status import assessing
 from services.status.assessing import NodeView, Observed
-from shared import api
+from shared import api, progress
 from shared.nodestate import StatusRecord
 from shared.progress import NodeFacts
 
@@ -194,36 +194,35 @@ def _packages(cr: api.NodeWright, views: Sequence[NodeView]) -> list[api.Package
 def _compartments(
     cr: api.NodeWright, policy: api.DeploymentPolicy | None, targets: Sequence[NodeView]
 ) -> list[api.CompartmentStatus]:
-    """Progress per compartment, from the compartment the scheduler admitted each node into
-    (not yet admitted: the default one). The batch state is the scheduler's: carried over."""
-    budgets: dict[str, api.Budget | None] = {
-        assessing.DEFAULT_COMPARTMENT: assessing.budget_of(cr, policy)
-    }
-    if policy is not None:
-        for comp in policy.spec.compartments:
-            budgets.setdefault(comp.name, comp.budget)
-    members: dict[str, list[NodeView]] = {name: [] for name in budgets}
+    """Progress per compartment: admitted nodes count where the scheduler admitted them, the
+    others where their labels assign them (``shared.progress``). The batch state is the
+    scheduler's, read from its batch book on the CR."""
+    rules = progress.compartment_rules(cr, policy)
+    known = {r.name for r in rules}
+    facts = [v.facts for v in targets]
+    assigned = progress.assign_compartments(rules, facts)
+    members: dict[str, list[NodeView]] = {r.name: [] for r in rules}
     for v in targets:
-        members.setdefault(v.compartment, []).append(v)
-    batches = {c.name: c.batch for c in cr.status.compartments}
+        members.setdefault(progress.compartment_of(v.facts, assigned, known), []).append(v)
+    budgets = {r.name: r.rollout.budget for r in rules}
+    book = progress.read_batch_book(cr.metadata.annotations)
     out: list[api.CompartmentStatus] = []
     for name in sorted(members)[:_COMPARTMENTS_MAX]:
         nodes = members[name]
         states = [v.state for v in nodes]
         complete = states.count("Complete")
-        matched = len(nodes)
-        # The default compartment's budget is the scheduler's: over all target nodes.
-        scope = len(targets) if name == assessing.DEFAULT_COMPARTMENT else matched
+        matched = sum(1 for c in assigned.values() if c == name)
+        entry = book.compartments.get(name)
         out.append(
             api.CompartmentStatus(
                 name=name[:63] or assessing.DEFAULT_COMPARTMENT,
-                matched_nodes=matched,
-                budget_nodes=assessing.budget_nodes(budgets.get(name), scope),
+                matched_nodes=len(nodes),
+                budget_nodes=progress.budget_nodes(budgets.get(name), matched),
                 in_progress_nodes=states.count("InProgress"),
                 complete_nodes=complete,
                 failed_nodes=states.count("Failed"),
-                progress_percent=complete * 100 // matched if matched else 0,
-                batch=batches.get(name, api.BatchState()),
+                progress_percent=complete * 100 // len(nodes) if nodes else 0,
+                batch=entry.state if entry is not None else api.BatchState(),
             )
         )
     return out

@@ -244,7 +244,12 @@ class Status:
             if assessing.involves(n, name, selector)
         ]
         now = self.ctx.clock()
-        views = assessing.assess(cr, policy, observed, now)
+        crs: list[api.NodeWright] = []
+        for other in self.crs.values():
+            with contextlib.suppress(msgspec.ValidationError):
+                crs.append(api.from_dict(other, api.NodeWright))
+        waits = progress.priority_waits(cr, crs, list(self.nodes.values()))
+        views = assessing.assess(cr, policy, observed, now, waits)
         status = core.summarize(cr, policy, views, now)
         updates = core.node_updates(name, views, observed, now)
         nodes_ok = status_ok = False

@@ -35,7 +35,7 @@ TARGET = progress.target_digest(BASE)
 DIGEST = progress.desired(BASE)["nvidia-tuned"].config_digest
 
 
-def _sel(compartment: str = "default") -> Selection:
+def _sel(compartment: str = "__default__") -> Selection:
     return Selection(
         generation=1,
         compartment=compartment,
@@ -646,16 +646,25 @@ def test_uninstalled_versions_are_no_longer_present() -> None:
     assert (row.present_nodes, row.uninstalling_nodes, row.in_progress_nodes) == (1, 1, 0)
 
 
-def test_compartments_come_from_the_admissions_and_keep_the_schedulers_batch_state() -> None:
+def test_compartments_come_from_the_admissions_and_show_the_schedulers_batch_book() -> None:
     batch = api.BatchState(current_batch=3, batch_size=2, total_succeeded_nodes=4)
-    previous = api.NodeWrightStatus(
-        compartments=[api.CompartmentStatus(name="default", batch=batch)]
+    book = progress.BatchBook(
+        compartments={"__default__": progress.CompartmentBatch(state=batch, nodes=("b", "c"))}
     )
-    cr = _with_status(nodewright(interruptionBudget={"percent": 50}), previous)
+    stale = api.NodeWrightStatus(
+        compartments=[api.CompartmentStatus(name="__default__", batch=api.BatchState())]
+    )
+    cr = _with_status(
+        nodewright(
+            interruptionBudget={"percent": 50},
+            annotations={progress.BATCHES_ANNOTATION: progress.encode_batch_book(book)},
+        ),
+        stale,
+    )
     status = _status(_complete("a"), _running("b"), _failed("c"), node("d"), cr=cr)
     (comp,) = status.compartments
     assert comp == api.CompartmentStatus(
-        name="default",
+        name="__default__",
         matched_nodes=4,
         budget_nodes=2,
         in_progress_nodes=1,
@@ -690,9 +699,9 @@ def test_a_policy_compartment_gets_its_own_entry_and_budget() -> None:
     )
     status = _status(canary, node("b"), cr=nodewright(deploymentPolicy="p"), policy=policy)
     comps = {c.name: c for c in status.compartments}
-    assert list(comps) == ["canary", "default"]
+    assert list(comps) == ["__default__", "canary"]
     assert (comps["canary"].matched_nodes, comps["canary"].budget_nodes) == (1, 3)
-    assert (comps["default"].matched_nodes, comps["default"].budget_nodes) == (1, 1)
+    assert (comps["__default__"].matched_nodes, comps["__default__"].budget_nodes) == (1, 1)
 
 
 # ---- per-node writes ---------------------------------------------------------------------------

@@ -1,0 +1,724 @@
+"""The rollout planner: budgets, compartments, strategies, gates and resets, as properties
+(hypothesis drives whole rollouts step by step) and as tables of exact cases."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from services.scheduler import planner
+from shared import api, progress
+from shared.nodestate import ExecutorRecord, PackageRecord, Selection
+from shared.progress import DEFAULT_COMPARTMENT, BatchBook, NodeFacts
+from tests.helpers.facts import T0, node, nodewright
+
+CR = "gpu-node-tuning"
+
+
+def _policy(spec: Mapping[str, Any]) -> api.DeploymentPolicy:
+    return api.from_dict({"metadata": {"name": "p"}, "spec": spec}, api.DeploymentPolicy)
+
+
+def _cr(**spec: Any) -> api.NodeWright:
+    return nodewright(deploymentPolicy="p", **spec)
+
+
+def _fleet(n: int, labels: Callable[[int], Mapping[str, str]] = lambda i: {}) -> list[NodeFacts]:
+    return [progress.facts(node(f"n{i:03d}", labels=labels(i)), CR) for i in range(n)]
+
+
+def _failed(cr: api.NodeWright, n: NodeFacts) -> NodeFacts:
+    d = next(iter(progress.desired(cr).values()))
+    rec = PackageRecord(version=d.version, stage="apply", state="failed", updated=T0)
+    return replace(n, executor=ExecutorRecord(packages={d.name: rec}))
+
+
+def _selected(n: NodeFacts, admit: planner.Admit) -> NodeFacts:
+    return replace(n, selection=admit.selection)
+
+
+@dataclass
+class Rollout:
+    """Drives the planner like the services would: admitted nodes finish (or fail) between
+    decisions; the batch book is carried from one decision to the next."""
+
+    cr: api.NodeWright
+    policy: api.DeploymentPolicy | None
+    nodes: dict[str, NodeFacts]
+    fails: set[str] = field(default_factory=set)
+    book: BatchBook = field(default_factory=BatchBook)
+    batches: list[tuple[str, int, tuple[str, ...]]] = field(default_factory=list)
+    plans: list[planner.Plan] = field(default_factory=list)
+    caps: tuple[planner.SharedCap, ...] = ()
+    now: datetime = T0
+
+    def step(self) -> planner.Plan:
+        p = planner.plan(
+            cr=self.cr,
+            policy=self.policy,
+            nodes=list(self.nodes.values()),
+            book=self.book,
+            ctx=planner.Context(now=self.now, caps=self.caps),
+        )
+        self.plans.append(p)
+        for comp in p.compartments:
+            key = (comp.name, comp.batch.state.current_batch, comp.batch.nodes)
+            if comp.batch.nodes and key not in self.batches:
+                self.batches.append(key)
+        for a in p.admit:
+            self.nodes[a.node] = _selected(self.nodes[a.node], a)
+        for name in p.release:
+            self.nodes[name] = replace(self.nodes[name], selection=None)
+        self.book = p.book
+        return p
+
+    def finish_admitted(self) -> None:
+        for name, n in list(self.nodes.items()):
+            if n.selection is None or progress.turn(self.cr, n) in ("failed", "done", "release"):
+                continue
+            if name in self.fails:
+                self.nodes[name] = _failed(self.cr, n)
+            else:
+                self.nodes[name] = replace(planner._as_done(self.cr, n), selection=n.selection)
+
+    def run(self, max_steps: int = 500) -> None:
+        for _ in range(max_steps):
+            p = self.step()
+            before = dict(self.nodes)
+            self.finish_admitted()
+            if not p.admit and not p.release and before == self.nodes and not p.events:
+                return
+        raise AssertionError("the rollout did not settle")
+
+    def sizes(self, compartment: str = DEFAULT_COMPARTMENT) -> list[int]:
+        return [len(nodes) for c, _, nodes in self.batches if c == compartment]
+
+
+def _strategy(kind: str, a: int, b: int) -> dict[str, Any]:
+    if kind == "fixed":
+        return {"fixed": {"batchSize": a}}
+    if kind == "linear":
+        return {"linear": {"initialBatch": a, "delta": b}}
+    return {"exponential": {"initialBatch": a, "growthFactor": max(2, b)}}
+
+
+# ---- tables ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("strategy", "nodes", "budget", "expected"),
+    [
+        pytest.param(_strategy("fixed", 5, 0), 15, 100, [5, 5, 5], id="fixed-5-5-5"),
+        pytest.param(_strategy("linear", 1, 1), 10, 100, [1, 2, 3, 4], id="linear-1-2-3-4"),
+        pytest.param(_strategy("exponential", 1, 2), 15, 100, [1, 2, 4, 8], id="exp-1-2-4-8"),
+        pytest.param(_strategy("exponential", 1, 2), 12, 100, [1, 2, 4, 5], id="exp-remaining"),
+        pytest.param(_strategy("exponential", 1, 2), 16, 3, [1, 2, 3, 3, 3, 3, 1], id="exp-budget"),
+        pytest.param(_strategy("linear", 2, 3), 20, 100, [2, 5, 8, 5], id="linear-2-by-3"),
+        pytest.param(None, 7, 3, [3, 3, 1], id="no-strategy-is-the-budget"),
+    ],
+)
+def test_growth_sequences_are_exact_capped_by_budget_and_remaining_nodes(
+    strategy: dict[str, Any] | None, nodes: int, budget: int, expected: list[int]
+) -> None:
+    default: dict[str, Any] = {"budget": {"count": budget}}
+    if strategy:
+        default["strategy"] = strategy
+    r = Rollout(_cr(), _policy({"default": default}), {n.name: n for n in _fleet(nodes)})
+    r.run()
+    assert r.sizes() == expected
+    assert all(progress.node_done(r.cr, n) for n in r.nodes.values())
+
+
+@pytest.mark.parametrize(
+    ("budget", "matched", "expected"),
+    [
+        ({"percent": 25}, 10, 2),
+        ({"percent": 30}, 10, 3),
+        ({"percent": 10}, 5, 1),
+        ({"percent": 1}, 100, 1),
+        ({"percent": 50}, 0, 0),
+        ({"count": 4}, 2, 4),
+        (None, 9, 1),
+    ],
+)
+def test_percent_budgets_round_down_with_a_minimum_of_one(
+    budget: dict[str, int] | None, matched: int, expected: int
+) -> None:
+    b = api.from_dict(budget, api.Budget) if budget else None
+    assert progress.budget_nodes(b, matched) == expected
+
+
+def test_overlapping_selectors_go_to_the_safest_compartment() -> None:
+    pol = _policy(
+        {
+            "default": {"budget": {"count": 1}},
+            "compartments": [
+                {
+                    "name": "a-exp",
+                    "selector": {"matchLabels": {"rack": "1"}},
+                    "budget": {"count": 1},
+                    "strategy": _strategy("exponential", 1, 2),
+                },
+                {
+                    "name": "b-lin-big",
+                    "selector": {"matchLabels": {"zone": "x"}},
+                    "budget": {"count": 5},
+                    "strategy": _strategy("linear", 1, 1),
+                },
+                {
+                    "name": "c-lin-small",
+                    "selector": {"matchLabels": {"gpu": "a100"}},
+                    "budget": {"count": 2},
+                    "strategy": _strategy("linear", 1, 1),
+                },
+                {
+                    "name": "d-none",
+                    "selector": {"matchLabels": {"zone": "x"}},
+                    "budget": {"count": 1},
+                },
+            ],
+        }
+    )
+    nodes = _fleet(
+        5,
+        lambda i: [
+            {"rack": "1", "zone": "x"},  # exponential vs linear: linear
+            {"zone": "x", "gpu": "a100"},  # two linear: the smaller budget
+            {"rack": "1"},  # only one
+            {"zone": "x"},  # linear vs none: linear
+            {},  # none: the default
+        ][i],
+    )
+    got = progress.assign_compartments(progress.compartment_rules(_cr(), pol), nodes)
+    assert got == {
+        "n000": "b-lin-big",
+        "n001": "c-lin-small",
+        "n002": "a-exp",
+        "n003": "b-lin-big",
+        "n004": DEFAULT_COMPARTMENT,
+    }
+
+
+def test_equal_rank_and_budget_break_ties_by_name() -> None:
+    comps = [
+        {"name": name, "selector": {"matchLabels": {k: "1"}}, "budget": {"count": 2}}
+        for name, k in (("zeta", "a"), ("alpha", "b"))
+    ]
+    pol = _policy({"default": {"budget": {"count": 1}}, "compartments": comps})
+    nodes = _fleet(1, lambda i: {"a": "1", "b": "1"})
+    got = progress.assign_compartments(progress.compartment_rules(_cr(), pol), nodes)
+    assert got == {"n000": "alpha"}
+
+
+def test_nodes_unavailable_for_other_reasons_count_against_the_budget() -> None:
+    pol = _policy({"default": {"budget": {"count": 3}}})
+    nodes = [
+        progress.facts(node("a", ready=False), CR),
+        progress.facts(node("b", unschedulable=True), CR),
+        *_fleet(5),
+    ]
+    p = planner.plan(
+        cr=_cr(), policy=pol, nodes=nodes, book=BatchBook(), ctx=planner.Context(now=T0)
+    )
+    # 3 slots, 2 held by unavailable nodes: one new node is disrupted; the node cordoned by
+    # someone else may join the batch without taking another slot.
+    assert sorted(a.node for a in p.admit) == ["b", "n000"]
+    assert p.compartments[0].busy == 3
+
+
+def test_the_budget_caps_a_strategy_whose_batch_is_larger() -> None:
+    pol = _policy({"default": {"budget": {"count": 2}, "strategy": _strategy("fixed", 10, 0)}})
+    p = planner.plan(
+        cr=_cr(), policy=pol, nodes=_fleet(10), book=BatchBook(), ctx=planner.Context(now=T0)
+    )
+    assert len(p.admit) == 2
+
+
+def _failing_policy(stop: int | None, *, shrink: int = 50, kind: str = "linear") -> dict[str, Any]:
+    rollout: dict[str, Any] = {
+        "budget": {"count": 100},
+        "strategy": _strategy(kind, 2, 2),
+        "batchSuccessPercent": 100,
+        "shrinkAfterFailureUntilPercent": shrink,
+    }
+    if stop is not None:
+        rollout["stopAfterConsecutiveFailedBatches"] = stop
+    return {"default": rollout}
+
+
+def test_a_failing_batch_shrinks_the_next_one_and_the_compartment_stops_at_its_threshold() -> None:
+    r = Rollout(_cr(), _policy(_failing_policy(3)), {n.name: n for n in _fleet(40)})
+    r.fails = set(r.nodes)
+    r.run()
+    # linear 2 (fails) -> 2-2 -> at least 1 -> 1 -> stop after the third failed batch.
+    assert r.sizes() == [2, 1, 1]
+    state = r.book.compartments[DEFAULT_COMPARTMENT].state
+    assert state.stopped
+    assert state.stop_reason == "FailedBatchesLimit"
+    assert state.consecutive_failed_batches == 3
+    last = r.plans[-1]
+    assert {w.code for w in last.waiting.values()} == {"CompartmentStopped"}
+
+
+def test_the_stop_gate_holds_past_the_shrink_limit() -> None:
+    # The reference silently ignored failureThreshold above safetyLimit; here it never is.
+    r = Rollout(_cr(), _policy(_failing_policy(2, shrink=1)), {n.name: n for n in _fleet(10)})
+    done = set(list(r.nodes)[:2])
+    for name in done:
+        r.nodes[name] = planner._as_done(r.cr, r.nodes[name])
+    r.fails = set(r.nodes) - done
+    r.run()
+    assert r.sizes() == [2, 2]  # above the shrink limit a failed batch keeps its size
+    assert r.book.compartments[DEFAULT_COMPARTMENT].state.stopped
+
+
+def test_a_passing_batch_after_failures_restarts_the_count() -> None:
+    r = Rollout(_cr(), _policy(_failing_policy(2)), {n.name: n for n in _fleet(12)})
+    r.fails = {"n000", "n001", "n004"}  # batch 1 fails, batch 2 (n002) passes, batch 3 fails
+    r.run()
+    state = r.book.compartments[DEFAULT_COMPARTMENT].state
+    assert not state.stopped
+    assert r.sizes()[:3] == [2, 1, 3]
+
+
+@pytest.mark.parametrize(("count_blocked", "stopped"), [(True, True), (False, False)])
+def test_blocked_nodes_never_hold_a_batch_open_and_the_policy_says_how_they_count(
+    count_blocked: bool, stopped: bool
+) -> None:
+    pol = _policy(
+        {
+            "default": {
+                "budget": {"count": 2},
+                "strategy": _strategy("fixed", 2, 0),
+                "stopAfterConsecutiveFailedBatches": 1,
+                "blockedNodesCountAsFailed": count_blocked,
+            }
+        }
+    )
+    r = Rollout(_cr(), pol, {n.name: n for n in _fleet(4)})
+    r.step()
+    assert r.book.compartments[DEFAULT_COMPARTMENT].nodes == ("n000", "n001")
+    # n001 gets the ignore label before it did anything, n000 completes.
+    r.nodes["n001"] = replace(
+        r.nodes["n001"], labels={**r.nodes["n001"].labels, "nodewright.nvidia.com/ignore": "true"}
+    )
+    r.nodes["n000"] = planner._as_done(r.cr, r.nodes["n000"])
+    r.step()
+    entry = r.book.compartments[DEFAULT_COMPARTMENT]
+    assert entry.state.current_batch == 2
+    assert entry.state.stopped is stopped
+    assert entry.state.total_failed_nodes == (1 if count_blocked else 0)
+
+
+def test_failed_nodes_end_their_batch_but_keep_their_budget_slot() -> None:
+    pol = _policy({"default": {"budget": {"count": 2}, "strategy": _strategy("fixed", 2, 0)}})
+    r = Rollout(_cr(), pol, {n.name: n for n in _fleet(5)})
+    r.fails = {"n000"}
+    r.step()
+    r.finish_admitted()
+    p = r.step()
+    # batch 1 is over (n000 failed, n001 done); n000 is still cordoned: one slot is free.
+    assert r.book.compartments[DEFAULT_COMPARTMENT].state.current_batch == 2
+    assert [a.node for a in p.admit] == ["n002"]
+
+
+def test_windows_gate_only_the_start_of_new_nodes() -> None:
+    window = {"start": "10:00", "end": "11:00", "timeZone": "UTC"}
+    pol = _policy(
+        {
+            "default": {"budget": {"count": 2}, "strategy": _strategy("fixed", 2, 0)},
+            "maintenanceWindows": [window],
+        }
+    )
+    inside = datetime(2026, 1, 5, 10, 30, tzinfo=UTC)
+    outside = datetime(2026, 1, 5, 11, 0, tzinfo=UTC)
+    r = Rollout(_cr(), pol, {n.name: n for n in _fleet(4)}, now=inside)
+    assert len(r.step().admit) == 2
+    r.now = outside
+    r.finish_admitted()
+    p = r.step()
+    assert p.admit == ()
+    assert sorted(p.release) == ["n000", "n001"], "work in progress finishes and is released"
+    assert {w.code for w in p.waiting.values()} == {"WaitingForWindow"}
+
+
+@pytest.mark.parametrize(
+    ("window", "at", "inside"),
+    [
+        ({"start": "22:00", "end": "02:00", "days": ["Mon"]}, (2026, 1, 5, 23, 0), True),
+        ({"start": "22:00", "end": "02:00", "days": ["Mon"]}, (2026, 1, 6, 1, 59), True),
+        ({"start": "22:00", "end": "02:00", "days": ["Mon"]}, (2026, 1, 6, 23, 0), False),
+        ({"start": "09:00", "end": "17:00", "days": ["Sat", "Sun"]}, (2026, 1, 5, 12, 0), False),
+        (
+            {"start": "09:00", "end": "17:00", "timeZone": "America/New_York"},
+            (2026, 1, 5, 15, 0),
+            True,
+        ),
+        (
+            {"start": "09:00", "end": "17:00", "timeZone": "America/New_York"},
+            (2026, 1, 5, 13, 0),
+            False,
+        ),
+    ],
+)
+def test_maintenance_windows(window: dict[str, Any], at: tuple[int, ...], inside: bool) -> None:
+    w = api.from_dict(window, api.MaintenanceWindow)
+    y, mo, d, h, mi = at
+    assert progress.in_window([w], datetime(y, mo, d, h, mi, tzinfo=UTC)) is inside
+
+
+def test_batch_state_resets_by_annotation_version_change_and_completion() -> None:
+    pol = _policy(_failing_policy(1))
+    r = Rollout(_cr(), pol, {n.name: n for n in _fleet(6)})
+    r.fails = set(r.nodes)
+    r.run()
+    assert r.book.compartments[DEFAULT_COMPARTMENT].state.stopped
+    # By annotation: the compartment starts again at batch 1.
+    r.cr = _cr(annotations={progress.RESET_ANNOTATION: "t1"})
+    r.fails = set()
+    for name in list(r.nodes):
+        r.nodes[name] = progress.facts(node(name), CR)
+    p = r.step()
+    assert p.book.compartments[DEFAULT_COMPARTMENT].state.current_batch == 1
+    assert p.admit
+    assert not p.book.compartments[DEFAULT_COMPARTMENT].state.stopped
+    # The same token again does nothing; completion resets.
+    r.run()
+    assert r.book.compartments[DEFAULT_COMPARTMENT] == progress.CompartmentBatch()
+    # A version change resets a stopped compartment too.
+    stopped = BatchBook(
+        compartments={
+            DEFAULT_COMPARTMENT: progress.CompartmentBatch(
+                state=api.BatchState(current_batch=4, stopped=True)
+            )
+        },
+        versions="old",
+    )
+    p = planner.plan(
+        cr=_cr(), policy=pol, nodes=_fleet(2), book=stopped, ctx=planner.Context(now=T0)
+    )
+    assert p.admit
+    kept = planner.plan(
+        cr=_cr(deploymentPolicyOptions={"resetBatchStateOnVersionChange": False}),
+        policy=pol,
+        nodes=_fleet(2),
+        book=stopped,
+        ctx=planner.Context(now=T0),
+    )
+    assert kept.admit == ()
+    assert kept.book.compartments[DEFAULT_COMPARTMENT].state.stopped
+
+
+def test_pause_disable_and_priority_start_nothing() -> None:
+    nodes = _fleet(2)
+    paused = planner.plan(
+        cr=nodewright(annotations={api.PAUSE_ANNOTATION: "true"}),
+        policy=None,
+        nodes=nodes,
+        book=BatchBook(),
+        ctx=planner.Context(now=T0),
+    )
+    assert paused.admit == ()
+    assert paused.waiting["n000"].code == "Paused"
+    disabled = planner.plan(
+        cr=nodewright(annotations={api.DISABLE_ANNOTATION: "true"}),
+        policy=None,
+        nodes=nodes,
+        book=BatchBook(),
+        ctx=planner.Context(now=T0),
+    )
+    assert disabled.admit == ()
+    assert disabled.book == BatchBook()
+    waits = planner.plan(
+        cr=nodewright(interruptionBudget={"count": 2}),
+        policy=None,
+        nodes=nodes,
+        book=BatchBook(),
+        ctx=planner.Context(now=T0, priority_waits={"n000": "first"}),
+    )
+    assert [a.node for a in waits.admit] == ["n001"]
+    assert waits.waiting["n000"].code == "WaitingForPriority"
+
+
+def _raw(name: str, **kw: Any) -> dict[str, Any]:
+    return node(name, **kw)
+
+
+def test_priority_and_sequencing_across_nodewrights() -> None:
+    first = nodewright("first", priority=1, sequencing="node")
+    second = nodewright("second", priority=5)
+    nodes = [_raw("a"), _raw("b")]
+    assert progress.priority_waits(second, [first, second], nodes) == {"a": "first", "b": "first"}
+    assert progress.priority_waits(first, [first, second], nodes) == {}
+    gate_all = nodewright("first", priority=1, sequencing="all", nodeSelectors={})
+    only_a = [_raw("a", labels={"pool": "x"}), _raw("b")]
+    narrow = nodewright(
+        "first", priority=1, sequencing="all", nodeSelectors={"matchLabels": {"pool": "x"}}
+    )
+    assert progress.priority_waits(second, [narrow, second], only_a) == {
+        "a": "first",
+        "b": "first",
+    }
+    per_node = nodewright(
+        "first", priority=1, sequencing="node", nodeSelectors={"matchLabels": {"pool": "x"}}
+    )
+    assert progress.priority_waits(second, [per_node, second], only_a) == {"a": "first"}
+    assert gate_all.spec.sequencing == "all"
+    disabled = nodewright("first", priority=1, annotations={api.DISABLE_ANNOTATION: "true"})
+    assert progress.priority_waits(second, [disabled, second], nodes) == {}
+
+
+def test_a_shared_cap_counts_distinct_nodes_across_nodewrights() -> None:
+    cap = planner.SharedCap(
+        name="cluster budget", code="ClusterBudgetExhausted", limit=1, holders=frozenset({"n000"})
+    )
+    p = planner.plan(
+        cr=nodewright(interruptionBudget={"count": 3}),
+        policy=None,
+        nodes=_fleet(3),
+        book=BatchBook(),
+        ctx=planner.Context(now=T0, caps=(cap,)),
+    )
+    # n000 is already disrupted by another NodeWright: this one may join it, nothing more.
+    assert [a.node for a in p.admit] == ["n000"]
+    assert p.waiting["n001"].code == "ClusterBudgetExhausted"
+
+
+def test_simulation_lists_the_batches_the_rollout_runs() -> None:
+    pol = _policy(
+        {
+            "default": {"budget": {"count": 10}, "strategy": _strategy("linear", 1, 1)},
+            "compartments": [
+                {
+                    "name": "canary",
+                    "selector": {"matchLabels": {"canary": "true"}},
+                    "budget": {"count": 1},
+                }
+            ],
+        }
+    )
+    nodes = _fleet(8, lambda i: {"canary": "true"} if i < 2 else {})
+    batches, first = planner.simulate(
+        cr=_cr(), policy=pol, nodes=nodes, book=BatchBook(), ctx=planner.Context(now=T0)
+    )
+    assert [(b.compartment, b.batch, b.nodes) for b in batches] == [
+        ("canary", 1, ("n000",)),
+        (DEFAULT_COMPARTMENT, 1, ("n002",)),
+        ("canary", 2, ("n001",)),
+        (DEFAULT_COMPARTMENT, 2, ("n003", "n004")),
+        (DEFAULT_COMPARTMENT, 3, ("n005", "n006", "n007")),
+    ]
+    assert sorted(a.node for a in first.admit) == ["n000", "n002"]
+    r = Rollout(_cr(), pol, {n.name: n for n in nodes})
+    r.run()
+    assert sorted(r.batches) == sorted((b.compartment, b.batch, b.nodes) for b in batches)
+
+
+# ---- properties -------------------------------------------------------------------------------
+
+
+@st.composite
+def rollouts(draw: st.DrawFn) -> tuple[api.NodeWright, api.DeploymentPolicy, list[NodeFacts]]:
+    n = draw(st.integers(1, 30))
+    n_comps = draw(st.integers(0, 3))
+    kinds = st.sampled_from(["fixed", "linear", "exponential", "none"])
+
+    def rollout() -> dict[str, Any]:
+        budget = draw(
+            st.one_of(
+                st.builds(lambda c: {"count": c}, st.integers(1, 8)),
+                st.builds(lambda p: {"percent": p}, st.integers(1, 100)),
+            )
+        )
+        out: dict[str, Any] = {"budget": budget}
+        kind = draw(kinds)
+        if kind != "none":
+            out["strategy"] = _strategy(kind, draw(st.integers(1, 5)), draw(st.integers(1, 3)))
+        return out
+
+    comps = [
+        {"name": f"c{i}", "selector": {"matchLabels": {f"l{i}": "y"}}, **rollout()}
+        for i in range(n_comps)
+    ]
+    pol = _policy({"default": rollout(), "compartments": comps})
+    label_sets = draw(
+        st.lists(st.sets(st.integers(0, max(0, n_comps - 1))), min_size=n, max_size=n)
+    )
+    unready = draw(st.sets(st.integers(0, n - 1), max_size=3))
+    cordoned = draw(st.sets(st.integers(0, n - 1), max_size=3))
+    nodes = [
+        progress.facts(
+            node(
+                f"n{i:03d}",
+                labels={f"l{j}": "y" for j in label_sets[i]} if n_comps else {},
+                ready=i not in unready,
+                unschedulable=i in cordoned,
+                created=f"2026-01-01T00:00:{i % 60:02d}Z",
+            ),
+            CR,
+        )
+        for i in range(n)
+    ]
+    return _cr(), pol, nodes
+
+
+def _busy_per_compartment(r: Rollout, rules: Sequence[progress.CompartmentRule]) -> dict[str, int]:
+    targets = list(r.nodes.values())
+    assigned = progress.assign_compartments(rules, targets)
+    known = {x.name for x in rules}
+    out: dict[str, int] = {x.name: 0 for x in rules}
+    for n in targets:
+        if progress.busy(n):
+            out[progress.compartment_of(n, assigned, known)] += 1
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(rollouts(), st.randoms(use_true_random=False))
+def test_the_budget_is_never_exceeded_and_succeeding_batches_reach_every_eligible_node(
+    case: tuple[api.NodeWright, api.DeploymentPolicy, list[NodeFacts]], rng: random.Random
+) -> None:
+    cr, pol, nodes = case
+    r = Rollout(cr, pol, {n.name: n for n in nodes})
+    rules = progress.compartment_rules(cr, pol)
+    matched = progress.assign_compartments(rules, nodes)
+    budgets = {
+        rule.name: progress.budget_nodes(
+            rule.rollout.budget, sum(1 for c in matched.values() if c == rule.name)
+        )
+        for rule in rules
+    }
+    for i in range(400):
+        if i == 5:  # unavailable nodes recover: until then they hold budget slots
+            for name, n in list(r.nodes.items()):
+                r.nodes[name] = replace(n, ready=True, unschedulable=False)
+        before = _busy_per_compartment(r, rules)
+        p = r.step()
+        after = _busy_per_compartment(r, rules)
+        for comp in p.compartments:
+            admitted = sum(1 for a in p.admit if a.selection.compartment == comp.name)
+            if admitted:
+                grew = after[comp.name] > before[comp.name]
+                assert not grew or after[comp.name] <= budgets[comp.name], (before, after)
+        # Finish a random part of the admitted nodes (all eventually).
+        for name, n in list(r.nodes.items()):
+            if n.selection is not None and rng.random() < 0.6:
+                r.nodes[name] = replace(planner._as_done(cr, n), selection=n.selection)
+        if (
+            i > 5
+            and not p.admit
+            and not p.release
+            and all(n.selection is None for n in r.nodes.values())
+            and not p.events
+        ):
+            break
+    assert i > 5
+    assert all(progress.node_done(cr, n) for n in r.nodes.values())
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from(["fixed", "linear", "exponential"]),
+    st.integers(1, 4),
+    st.integers(1, 3),
+    st.integers(1, 60),
+    st.integers(1, 20),
+)
+def test_growth_sequences_match_the_formula(
+    kind: str, initial: int, step: int, n: int, budget: int
+) -> None:
+    strategy = _strategy(kind, initial, step)
+    pol = _policy({"default": {"budget": {"count": budget}, "strategy": strategy}})
+    r = Rollout(_cr(), pol, {x.name: x for x in _fleet(n)})
+    r.run()
+    expected: list[int] = []
+    size, left = min(initial, budget), n
+    while left:
+        take = min(size, left)
+        expected.append(take)
+        left -= take
+        if kind == "linear":
+            size = min(size + step, budget)
+        elif kind == "exponential":
+            size = min(size * max(2, step), budget)
+    assert r.sizes() == expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 5), st.integers(20, 60), st.sampled_from(["fixed", "linear", "exponential"]))
+def test_a_compartment_stops_exactly_at_its_failure_threshold_and_only_that_one(
+    threshold: int, n: int, kind: str
+) -> None:
+    pol = _policy(
+        {
+            "default": {"budget": {"count": 50}, "strategy": _strategy(kind, 1, 2)},
+            "compartments": [
+                {
+                    "name": "bad",
+                    "selector": {"matchLabels": {"bad": "y"}},
+                    "budget": {"count": 50},
+                    "strategy": _strategy(kind, 1, 2),
+                    "stopAfterConsecutiveFailedBatches": threshold,
+                    "shrinkAfterFailureUntilPercent": 1,
+                }
+            ],
+        }
+    )
+    fleet = _fleet(n + 10, lambda i: {"bad": "y"} if i < n else {})
+    r = Rollout(_cr(), pol, {x.name: x for x in fleet})
+    r.fails = {x.name for x in fleet[:n]}
+    r.run()
+    bad = r.book.compartments["bad"].state
+    assert bad.stopped
+    assert bad.consecutive_failed_batches == threshold
+    assert len(r.sizes("bad")) == threshold
+    assert all(progress.node_done(r.cr, x) for x in list(r.nodes.values())[n:])
+
+
+@settings(max_examples=40, deadline=None)
+@given(rollouts(), st.randoms(use_true_random=False))
+def test_overlap_resolution_does_not_depend_on_order(
+    case: tuple[api.NodeWright, api.DeploymentPolicy, list[NodeFacts]], rng: random.Random
+) -> None:
+    cr, pol, nodes = case
+    rules = progress.compartment_rules(cr, pol)
+    want = progress.assign_compartments(rules, nodes)
+    shuffled_rules, shuffled_nodes = list(rules), list(nodes)
+    rng.shuffle(shuffled_rules)
+    rng.shuffle(shuffled_nodes)
+    assert progress.assign_compartments(shuffled_rules, shuffled_nodes) == want
+    for n in nodes:
+        candidates = [
+            x
+            for x in rules
+            if x.selector is not None and progress.selector_matches(x.selector, n.labels)
+        ]
+        if not candidates:
+            assert want[n.name] == DEFAULT_COMPARTMENT
+        else:
+            chosen = next(x for x in rules if x.name == want[n.name])
+            rank = progress.STRATEGY_RANK[progress.strategy_kind(chosen.rollout)]
+            assert rank == min(
+                progress.STRATEGY_RANK[progress.strategy_kind(x.rollout)] for x in candidates
+            )
+
+
+def test_selection_records_carry_compartment_and_batch() -> None:
+    pol = _policy({"default": {"budget": {"count": 5}, "strategy": _strategy("linear", 1, 1)}})
+    r = Rollout(_cr(), pol, {x.name: x for x in _fleet(3)})
+    r.step()
+    r.finish_admitted()
+    r.step()
+    r.step()
+    selections: list[Selection] = [a.selection for p in r.plans for a in p.admit]
+    assert [(s.compartment, s.batch) for s in selections] == [
+        (DEFAULT_COMPARTMENT, 1),
+        (DEFAULT_COMPARTMENT, 2),
+        (DEFAULT_COMPARTMENT, 2),
+    ]
