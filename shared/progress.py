@@ -75,7 +75,44 @@ def image_ref(pkg: api.Package) -> str:
     return f"{pkg.image}@{pkg.digest}" if pkg.digest else f"{pkg.image}:{pkg.version}"
 
 
+class _PerObject:
+    """Memo of a pure function of one CR object, for the life of that object.
+
+    A pass over N nodes asks for the same CR's desired packages and target digest N times;
+    recomputing them (hashing every configMap) dominated a 1,000-node pass. Keyed by the
+    object's identity (CR models hold dicts, so they are not hashable) and holding the
+    object itself, so an id is never reused while cached; a few entries suffice.
+    """
+
+    def __init__(self, size: int = 64) -> None:
+        self._size = size
+        self._entries: dict[int, tuple[object, object]] = {}
+
+    def get(self, obj: object) -> object | None:
+        hit = self._entries.get(id(obj))
+        return hit[1] if hit is not None and hit[0] is obj else None
+
+    def put(self, obj: object, value: object) -> None:
+        if len(self._entries) >= self._size:
+            self._entries.pop(next(iter(self._entries)))
+        self._entries[id(obj)] = (obj, value)
+
+
+_DESIRED = _PerObject()
+_TARGET = _PerObject()
+
+
 def desired(cr: api.NodeWright) -> dict[str, Desired]:
+    """The packages ``cr`` wants, by name (memoised per CR object; treat as read-only)."""
+    cached = _DESIRED.get(cr)
+    if cached is not None:
+        return cached  # type: ignore[return-value]
+    result = _desired(cr)
+    _DESIRED.put(cr, result)
+    return result
+
+
+def _desired(cr: api.NodeWright) -> dict[str, Desired]:
     out: dict[str, Desired] = {}
     for name, pkg in sorted(cr.spec.packages.items()):
         out[name] = Desired(
@@ -95,6 +132,15 @@ def desired(cr: api.NodeWright) -> dict[str, Desired]:
 
 def target_digest(cr: api.NodeWright) -> str:
     """Identifies the desired package set: when it changes, every node is re-examined."""
+    cached = _TARGET.get(cr)
+    if isinstance(cached, str):
+        return cached
+    result = _target_digest(cr)
+    _TARGET.put(cr, result)
+    return result
+
+
+def _target_digest(cr: api.NodeWright) -> str:
     return _digest(
         [
             (d.name, d.version, d.image, d.config_digest, d.uninstall_requested)
