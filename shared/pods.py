@@ -51,7 +51,7 @@ def labels(*, cr: str, role: Role, package: str, stage: str) -> dict[str, str]:
         LABEL_MANAGED: MANAGED_BY,
         LABEL_CR: cr,
         LABEL_ROLE: role,
-        LABEL_PACKAGE: package or "-",
+        LABEL_PACKAGE: package,  # "" for the interrupt pod ("-" is not a valid label value)
         LABEL_STAGE: stage,
     }
 

@@ -234,7 +234,8 @@ def stage_pod(
         {"name": "NODEWRIGHT_RUN_ID", "value": req.name},
         {"name": "NODEWRIGHT_TO_VERSION", "value": req.version},
     ]
-    if req.previous:
+    if req.previous and req.stage == "upgrade":
+        # The installed version, for upgrade and upgrade-check (other modes ignore it).
         env.append({"name": "NODEWRIGHT_FROM_VERSION", "value": req.previous})
     cm = config_map_name(cr.metadata.name, d.name, d.config_digest) if d.config else ""
     return manifest(

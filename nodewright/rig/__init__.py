@@ -25,6 +25,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -105,6 +106,13 @@ def die_with_parent() -> None:
     crashed or killed test run leaves no control plane behind (stop() is the normal path)."""
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _death_signal_if_main_thread() -> Callable[[], None] | None:
+    """PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, not the process:
+    a child started from a worker thread (asyncio.to_thread) would be killed when that
+    thread is retired. Only children of the main thread get it."""
+    return die_with_parent if threading.current_thread() is threading.main_thread() else None
 
 
 def free_port() -> int:
@@ -257,7 +265,7 @@ class Rig:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 env={**os.environ, **(env or {})},
-                preexec_fn=die_with_parent,
+                preexec_fn=_death_signal_if_main_thread(),
             )
         proc = Process(name=name, popen=popen, log=log)
         self.processes[name] = proc

@@ -18,7 +18,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nodewright.rig import Rig, RigError, _tail, die_with_parent, free_port
+from nodewright.rig import Rig, RigError, _death_signal_if_main_thread, _tail, free_port
 
 SERVICES = ("scheduler", "drainer", "executor", "validator", "status")
 RBAC_DIR = (
@@ -157,7 +157,7 @@ class Fleet:
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,
                     env=self.env(service, index, port),
-                    preexec_fn=die_with_parent,
+                    preexec_fn=_death_signal_if_main_thread(),
                 )
             replica = Replica(service=service, index=index, popen=popen, log=log, health_port=port)
             self.replicas.setdefault(service, []).append(replica)

@@ -579,7 +579,9 @@ def settle(
     prev = pending.previous
     if refused:
         reason = _refusal_reason(refused, pdbs, evicted)
-        new = _moved(prev, "blocked", now, started=pending.started, reason=reason)
+        new = _moved(
+            prev, "blocked", now, started=_episode_start(prev, pending.started), reason=reason
+        )
         publish: tuple[events.Event, ...] = ()
         if prev.phase != "blocked" or _new_blocker(prev.reason, reason):
             publish = (
@@ -601,13 +603,20 @@ def settle(
         prev,
         "draining",
         now,
-        started=pending.started,
+        started=_episode_start(prev, pending.started),
         reason=_draining_reason(awaited, evicted),
     )
     return Decision(
         write=NodeWrite(record=new) if new != prev else None,
         requeue_after=_soonest(pending.deletion_poll_s, pending.remaining_s),
     )
+
+
+def _episode_start(prev: DrainRecord, mine: datetime) -> datetime:
+    """When this drain began. Another replica may have entered draining first and written its
+    own start; keeping it keeps the drain timeout and the drained event's id the same for
+    every replica (a second start would publish node.drained twice)."""
+    return prev.started if prev.phase in ("draining", "blocked") else mine
 
 
 def _new_blocker(old: Reason | None, new: Reason) -> bool:

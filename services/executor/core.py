@@ -8,8 +8,12 @@ publish. Rules:
 
 - A package runs a *cycle* of stages: install ``apply -> config``, upgrade
   ``upgrade -> config`` (from the installed version), or re-configure ``config``; each
-  followed by ``interrupt -> post-interrupt`` when the cycle needs an interrupt. A stage's
-  next one starts only after the validator passed the stage's check.
+  followed by ``interrupt -> post-interrupt`` when the cycle needs an interrupt; or
+  uninstall ``uninstall`` (then the package's interrupt, no post-interrupt) when requested,
+  after which the package's record is removed. An uninstall cancelled while its
+  ``uninstall`` stage is current installs the package again from ``apply``. A stage's next
+  one starts only after the validator passed the stage's check.
+- Uninstall on NodeWright deletion (a finalizer) is not done here yet.
 - ``dependsOn`` is a DAG: a package starts once its dependencies are done on the node;
   independent packages run in parallel.
 - Interrupts of all packages due on the node merge into one (reboot > restartAllServices >
@@ -127,11 +131,18 @@ def _first_stage(d: Desired, r: PackageRecord | None) -> tuple[str, Cycle]:
     return "config", "config"
 
 
+def _cycle_finished(r: PackageRecord) -> bool:
+    """The record's last cycle ran all its stages. A cycle on an installed package starts
+    with ``previous`` = the installed version and :func:`_advance` clears it at the end; a
+    succeeded stage waiting for its check is mid-cycle."""
+    return r.state == "succeeded" and r.installed == r.version and not r.previous
+
+
 def _needs_new_cycle(d: Desired, r: PackageRecord) -> bool:
     if r.version != d.version:
         return True
     # Same version, finished, but the configuration changed since.
-    return r.state == "succeeded" and r.installed == d.version and r.config != d.config_digest
+    return _cycle_finished(r) and r.config != d.config_digest
 
 
 def _start_cycle(w: _Work, d: Desired, r: PackageRecord | None) -> PackageRecord:
@@ -141,11 +152,15 @@ def _start_cycle(w: _Work, d: Desired, r: PackageRecord | None) -> PackageRecord
         intr = progress.interrupt_for_config_change(d, changed)
     else:
         intr = d.interrupt
+    # The last cycle's final stage keeps its check verdict (and its pod name) for this
+    # version: a new cycle starting with the same stage runs as the next attempt, so neither
+    # the old verdict nor the old pod is taken for the new run's.
+    same = r is not None and r.version == d.version and r.stage == stage
     return PackageRecord(
         version=d.version,
         stage=stage,
         state="running",
-        attempt=1,
+        attempt=r.attempt + 1 if same and r is not None else 1,
         installed=r.installed if r else "",
         config=r.config if r else "",
         config_keys=dict(r.config_keys) if r else {},
@@ -157,6 +172,90 @@ def _start_cycle(w: _Work, d: Desired, r: PackageRecord | None) -> PackageRecord
     )
 
 
+def _start_uninstall(w: _Work, d: Desired, r: PackageRecord) -> PackageRecord:
+    """The uninstall cycle of an installed package: ``uninstall``, then the package's
+    interrupt if it declares one; the record is dropped once it finished."""
+    return PackageRecord(
+        version=d.version,
+        stage="uninstall",
+        state="running",
+        attempt=1,
+        installed=r.installed,
+        config=r.config,
+        config_keys=dict(r.config_keys),
+        previous=r.installed,
+        cycle="uninstall",
+        interrupt=d.interrupt.type if d.interrupt else "",
+        interrupt_services=tuple(d.interrupt.services) if d.interrupt else (),
+        updated=w.now,
+    )
+
+
+def _cancel_uninstall(w: _Work, d: Desired, r: PackageRecord) -> PackageRecord:
+    """An uninstall cancelled before its interrupt: the package is installed again from
+    ``apply`` (the uninstall steps may have removed part of it)."""
+    return PackageRecord(
+        version=d.version,
+        stage="apply",
+        state="running",
+        attempt=1,
+        installed=r.installed,
+        config=r.config,
+        config_keys=dict(r.config_keys),
+        previous=r.installed,
+        cycle="install",
+        interrupt=d.interrupt.type if d.interrupt else "",
+        interrupt_services=tuple(d.interrupt.services) if d.interrupt else (),
+        updated=w.now,
+    )
+
+
+def _uninstall(
+    w: _Work,
+    desired: Mapping[str, Desired],
+    d: Desired,
+    r: PackageRecord | None,
+    may_start: bool,
+) -> bool:
+    """Uninstall requests and their cancellation; True when ``d`` needs nothing else now.
+
+    Requested: a package not mid-stage starts its uninstall cycle once every package that
+    depends on it and is being uninstalled too is gone. Cancelled while the uninstall stage
+    is the current one (before the interrupt): once its pod finished, the package is
+    installed again. Later than that, the uninstall runs to its end.
+    """
+    if r is None:
+        return False
+    if d.uninstall_requested and r.cycle != "uninstall":
+        if r.state == "running":
+            return False  # let the stage (or interrupt) in flight finish first
+        dependents_gone = all(
+            progress.package_done(o, w.packages.get(o.name))
+            for o in desired.values()
+            if d.name in o.depends_on and o.uninstall_requested
+        )
+        if may_start and dependents_gone and r.state == "succeeded":
+            new = _start_uninstall(w, d, r)
+            w.packages[d.name] = new
+            _request_stage(w, d, new)
+        return True
+    if not d.uninstall_requested and r.cycle == "uninstall" and r.stage == "uninstall":
+        if r.state == "running":
+            return False  # the uninstall pod finishes first, then the package is reinstalled
+        if may_start:
+            new = _cancel_uninstall(w, d, r)
+            w.packages[d.name] = new
+            _request_stage(w, d, new)
+        return True
+    return False
+
+
+def _uninstalled(w: _Work, d: Desired) -> None:
+    """The uninstall cycle finished (its stage checked, its interrupt done): the package is
+    absent from the node, so its record goes."""
+    w.packages.pop(d.name, None)
+
+
 def _next_stage(r: PackageRecord) -> str | None:
     match r.stage:
         case "apply" | "upgrade":
@@ -165,6 +264,8 @@ def _next_stage(r: PackageRecord) -> str | None:
             return INTERRUPT_STAGE if r.interrupt else None
         case "interrupt":
             return POST_INTERRUPT
+        case "uninstall":
+            return INTERRUPT_STAGE if r.interrupt else None
         case _:
             return None
 
@@ -313,6 +414,8 @@ def _packages(
             for dep in d.depends_on
             if dep in desired
         )
+        if _uninstall(w, desired, d, r, may_start):
+            continue
         if r is None or _needs_new_cycle(d, r):
             if may_start and deps_done:
                 r = _start_cycle(w, d, r)
@@ -337,6 +440,9 @@ def _packages(
         if verdict is None or verdict.verdict != "passed" or verdict.attempt != r.attempt:
             continue
         if may_start:
+            if r.cycle == "uninstall" and _next_stage(r) is None:
+                _uninstalled(w, d)
+                continue
             w.packages[name] = _advance(w, d, r)
 
 
@@ -374,7 +480,9 @@ def _interrupt(
         if n in due or n not in desired:
             continue
         if r.state == "running" or (
-            r.interrupt and r.stage in ("apply", "upgrade", "config") and r.state != "failed"
+            r.interrupt
+            and r.stage in ("apply", "upgrade", "config", "uninstall")
+            and r.state != "failed"
         ):
             return
     merged = progress.merge_interrupts([_interrupt_of(w.packages[n]) for n in due])
@@ -486,6 +594,9 @@ def _observe_interrupt(
         d = desired.get(n)
         if r is None or d is None or r.stage != INTERRUPT_STAGE:
             continue
+        if r.cycle == "uninstall":
+            _uninstalled(w, d)  # an uninstall has no post-interrupt stage
+            continue
         new = update(r, stage=POST_INTERRUPT, state="running", attempt=1, updated=w.now)
         w.packages[n] = new
         _request_stage(w, d, new)
@@ -532,15 +643,15 @@ def _rerun(
     if req.stage:
         if req.stage not in nodestate.RERUN_STAGES:
             return record
-        new = _again(r, now, stage=req.stage)
-    elif r.state == "succeeded" and r.installed == r.version:
+        new = _again(r, now, stage=req.stage, previous=r.previous or r.installed)
+    elif _cycle_finished(r):
         # Finished: run its install again, with the interrupt the package declares.
         new = _again(
             r,
             now,
             stage="apply",
             cycle="install",
-            previous="",
+            previous=r.installed,
             interrupt=d.interrupt.type if d.interrupt else "",
             interrupt_services=tuple(d.interrupt.services) if d.interrupt else (),
         )

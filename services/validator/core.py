@@ -74,7 +74,9 @@ class _Work:
         self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
 
 
-def _request(w: _Work, d: progress.Desired, stage: str, version: str, attempt: int) -> PodRequest:
+def _request(
+    w: _Work, d: progress.Desired, stage: str, version: str, attempt: int, previous: str = ""
+) -> PodRequest:
     req = PodRequest(
         role="check",
         package=d.name,
@@ -82,6 +84,7 @@ def _request(w: _Work, d: progress.Desired, stage: str, version: str, attempt: i
         version=version,
         attempt=attempt,
         image=d.image,
+        previous=previous,
         desired=d,
     )
     return replace(
@@ -158,7 +161,7 @@ def _checks(
                 if pod is not None:
                     w.keep.add(pod.name)  # kept for its logs until a retry
             continue
-        req = _request(w, d, r.stage, r.version, r.attempt)
+        req = _request(w, d, r.stage, r.version, r.attempt, r.previous)
         pod = check_pods.get((name, r.stage, r.version, r.attempt))
         if v is None:
             if not may_start:

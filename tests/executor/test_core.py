@@ -388,3 +388,67 @@ def test_pod_names_are_deterministic_and_valid() -> None:
     assert a == b
     assert a != c
     assert len(a) <= 63
+
+
+def test_a_config_change_cycle_waits_for_its_own_check_and_then_finishes() -> None:
+    """Regression: the config stage of a config-change cycle succeeded and waiting for its
+    check must not restart the cycle, and the previous cycle's passed ``config`` verdict (same
+    package, version and stage) must not count for the new run."""
+    pkg = {"version": "1.0.0", "image": "r/k", "configMap": {"a.conf": "1"}}
+    before = nodewright(packages={"k": pkg})
+    old = progress.desired(before)["k"]
+    rec = ExecutorRecord(
+        packages={
+            "k": PackageRecord(
+                version="1.0.0",
+                stage="config",
+                state="succeeded",
+                installed="1.0.0",
+                config=old.config_digest,
+                config_keys=progress.config_key_digests(old.config),
+                updated=T0,
+            )
+        }
+    )
+    stale = {nodestate.check_key("k", "1.0.0", "config"): "passed"}  # attempt 1, old cycle
+    after = nodewright(packages={"k": {**pkg, "configMap": {"a.conf": "2"}}})
+    d1 = core.decide(cr=after, node=_facts(rec, stale), node_pods=[], now=T0)
+    (cfg,) = d1.create
+    assert (cfg.stage, cfg.attempt) == ("config", 2)
+    started = _rec(d1).packages["k"]
+    assert (started.cycle, started.previous) == ("config", "1.0.0")
+
+    # The config pod succeeded; the stale verdict is about attempt 1: wait, do not restart.
+    d2 = core.decide(
+        cr=after, node=_facts(_rec(d1), stale), node_pods=[_pod(cfg, "Succeeded")], now=T0
+    )
+    waiting = _rec(d2).packages["k"]
+    assert (waiting.state, waiting.attempt) == ("succeeded", 2)
+    d3 = core.decide(
+        cr=after, node=_facts(_rec(d2), stale), node_pods=[_pod(cfg, "Succeeded")], now=T0
+    )
+    assert d3.record is None
+    assert d3.create == ()
+
+    # Its own check (attempt 2) passed: the new configuration is installed.
+    records: dict[str, Any] = {
+        nodestate.SCHEDULER: SEL,
+        nodestate.DRAINER: DRAINED,
+        nodestate.EXECUTOR: _rec(d2),
+        nodestate.VALIDATOR: ValidatorRecord(
+            checks={
+                nodestate.check_key("k", "1.0.0", "config"): CheckRecord(
+                    verdict="passed", at=T0, attempt=2
+                )
+            }
+        ),
+    }
+    d4 = core.decide(
+        cr=after,
+        node=progress.facts(node("n1", records=records), CR),
+        node_pods=[_pod(cfg, "Succeeded")],
+        now=T0,
+    )
+    done = _rec(d4).packages["k"]
+    assert done.previous == ""
+    assert progress.package_done(progress.desired(after)["k"], done)

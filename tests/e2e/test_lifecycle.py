@@ -1,0 +1,464 @@
+"""Issue 7 end to end, on the real rig with the five services as processes: a package's
+whole lifecycle as the executor and validator run it on simulated (kwok) nodes.
+
+A version bump runs ``upgrade`` (from the installed version), a configMap change re-runs
+``config`` (and the interrupt only when a configInterrupt matches the changed key),
+interrupts of several packages on a node merge into one pod, a reboot counts only once the
+node's boot ID changed, ``dependsOn`` orders packages on a node, and the runtime-required
+taint goes per node, only after the node was validated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from nodewright import manifests
+from nodewright.rig import nodes
+from shared import api, nodestate, pods, progress
+from shared.informer import Informer
+from shared.kube import Kube, path_of
+from tests.e2e.conftest import NODES, Sampler, Services, read_cr
+from tests.helpers.waiting import eventually
+
+pytestmark = pytest.mark.timeout(400)
+
+SIM = "sim.nodewright.nvidia.com"
+GPU = {"nodepool": "gpu"}
+TAINT = {"key": progress.RUNTIME_REQUIRED_TAINT, "effect": "NoSchedule"}
+
+
+def _cr(name: str, packages: dict[str, Any], count: int, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": "NodeWright",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelectors": {"matchLabels": GPU},
+            "interruptionBudget": {"count": count},
+            "packages": packages,
+            **spec,
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One watch event of a NodeWright pod, in the API server's order."""
+
+    name: str
+    node: str
+    role: str
+    package: str
+    stage: str
+    phase: str
+    env: dict[str, str]
+    added: bool
+
+
+@dataclass
+class PodLog:
+    """Every NodeWright pod event in a namespace, in watch (= resourceVersion) order."""
+
+    events: list[Seen] = field(default_factory=list)
+
+    def on_change(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if new is None:
+            return
+        meta = new["metadata"]
+        labels = meta.get("labels") or {}
+        container = (new.get("spec") or {}).get("containers", [{}])[0]
+        phase = str((new.get("status") or {}).get("phase") or "")
+        if old is not None and str((old.get("status") or {}).get("phase") or "") == phase:
+            return  # only creations and phase changes matter here
+        self.events.append(
+            Seen(
+                name=meta["name"],
+                node=str(new["spec"].get("nodeName", "")),
+                role=labels.get(pods.LABEL_ROLE, ""),
+                package=labels.get(pods.LABEL_PACKAGE, ""),
+                stage=labels.get(pods.LABEL_STAGE, ""),
+                phase=phase,
+                env={e["name"]: str(e.get("value", "")) for e in container.get("env") or []},
+                added=old is None,
+            )
+        )
+
+    def created(self, since: int = 0, **match: str) -> list[Seen]:
+        """Pods created after event ``since``, one entry per pod, matching ``match``."""
+        return [
+            e
+            for e in self.events[since:]
+            if e.added and all(getattr(e, k) == v for k, v in match.items())
+        ]
+
+    def index(self, pred: Any) -> int:
+        return next(i for i, e in enumerate(self.events) if pred(e))
+
+
+@contextlib.asynccontextmanager
+async def pod_log(kapi: Kube, namespace: str) -> AsyncIterator[PodLog]:
+    log = PodLog()
+    informer = Informer(
+        kube=kapi,
+        path=path_of(plural="pods", namespace=namespace),
+        on_change=log.on_change,
+        label_selector=f"{pods.LABEL_MANAGED}={pods.MANAGED_BY}",
+        name="pod-log",
+    )
+    task = asyncio.create_task(informer.run(), name="pod-log")
+    try:
+        await asyncio.wait_for(informer.synced.wait(), 30)
+        yield log
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def _gpu_nodes(kapi: Kube) -> list[dict[str, Any]]:
+    return list((await kapi.get(NODES, labelSelector="nodepool=gpu"))["items"])
+
+
+async def _turns(kapi: Kube, cr: str) -> dict[str, str]:
+    obj = await read_cr(kapi, cr)
+    return {
+        n["metadata"]["name"]: progress.turn(obj, progress.facts(n, cr))
+        for n in await _gpu_nodes(kapi)
+    }
+
+
+async def _wait_done(kapi: Kube, cr: str, what: str, timeout_s: float = 120) -> None:
+    last: dict[str, Any] = {}
+
+    async def done() -> bool:
+        turns = await _turns(kapi, cr)
+        annotations = [n["metadata"].get("annotations") for n in await _gpu_nodes(kapi)]
+        last.update(turns=turns, nodes=annotations)
+        return bool(turns) and set(turns.values()) == {"done"}
+
+    t0 = time.monotonic()
+    try:
+        await eventually(done, timeout_s=timeout_s, interval_s=0.5, what=what)
+    except BaseException:
+        print(json.dumps(last, indent=1), file=sys.stderr)
+        raise
+    print(f"{what}: {time.monotonic() - t0:.1f}s", file=sys.stderr)
+
+
+async def _patch_cr(kapi: Kube, name: str, spec: dict[str, Any]) -> None:
+    await kapi.patch(f"{manifests.NODEWRIGHTS}/{name}", {"spec": spec})
+
+
+async def _executor(kapi: Kube, node: str, cr: str) -> nodestate.ExecutorRecord:
+    raw = await kapi.get(f"{NODES}/{node}")
+    return nodestate.read(raw, nodestate.EXECUTOR, cr, nodestate.ExecutorRecord) or (
+        nodestate.ExecutorRecord()
+    )
+
+
+async def _start(kapi: Kube, services: Services, names: list[str], **kw: Any) -> None:
+    await nodes.create_nodes(kapi, names, labels=GPU, **kw)
+    await nodes.wait_ready(kapi, names)
+    await asyncio.to_thread(services.fleet.start_all)
+
+
+def _stage_pods(log: PodLog, since: int, node: str) -> list[tuple[str, str, str]]:
+    """(role, package, stage) of the pods created on ``node`` after event ``since``."""
+    return [(e.role, e.package, e.stage) for e in log.created(since, node=node)]
+
+
+async def test_a_version_bump_upgrades_and_config_changes_rerun_config_and_matching_interrupts(
+    cluster: Kube, services: Services
+) -> None:
+    kapi, names = cluster, ["gpu-00", "gpu-01"]
+    await _start(kapi, services, names)
+    tuning = {
+        "version": "1.0.0",
+        "image": "registry.example/tuning",
+        "configMap": {"sysctl.conf": "vm.swappiness=10", "containerd.toml": "a"},
+        "configInterrupts": {"containerd*": {"type": "service", "services": ["containerd"]}},
+    }
+    async with pod_log(kapi, services.namespace) as log:
+        await manifests.apply(kapi, _cr("life", {"tuning": tuning}, 2))
+        await _wait_done(kapi, "life", "the install to finish")
+        for n in names:
+            # An install: apply then config, each checked; no interrupt for an install of a
+            # package without one (configInterrupts are about changes).
+            assert _stage_pods(log, 0, n) == [
+                ("stage", "tuning", "apply"),
+                ("check", "tuning", "apply"),
+                ("stage", "tuning", "config"),
+                ("check", "tuning", "config"),
+            ]
+            rec = (await _executor(kapi, n, "life")).packages["tuning"]
+            assert (rec.installed, rec.cycle) == ("1.0.0", "install")
+
+        # 1. The version bump runs upgrade from the installed version, never apply.
+        mark = len(log.events)
+        await _patch_cr(kapi, "life", {"packages": {"tuning": {"version": "1.1.0"}}})
+        await _wait_done(kapi, "life", "the upgrade to finish")
+        for n in names:
+            assert _stage_pods(log, mark, n) == [
+                ("stage", "tuning", "upgrade"),
+                ("check", "tuning", "upgrade"),
+                ("stage", "tuning", "config"),
+                ("check", "tuning", "config"),
+            ]
+            upgrade = log.created(mark, node=n, role="stage", stage="upgrade")[0]
+            assert upgrade.env["NODEWRIGHT_FROM_VERSION"] == "1.0.0"
+            assert upgrade.env["NODEWRIGHT_TO_VERSION"] == "1.1.0"
+            check = log.created(mark, node=n, role="check", stage="upgrade")[0]
+            assert check.env["NODEWRIGHT_FROM_VERSION"] == "1.0.0"
+            rec = (await _executor(kapi, n, "life")).packages["tuning"]
+            assert (rec.installed, rec.cycle, rec.previous) == ("1.1.0", "upgrade", "")
+
+        # 2. A key no configInterrupt matches: only config runs again, no interrupt.
+        mark = len(log.events)
+        await _patch_cr(
+            kapi,
+            "life",
+            {"packages": {"tuning": {"configMap": {"sysctl.conf": "vm.swappiness=5"}}}},
+        )
+        await _wait_done(kapi, "life", "the config change to finish")
+        for n in names:
+            assert _stage_pods(log, mark, n) == [
+                ("stage", "tuning", "config"),
+                ("check", "tuning", "config"),
+            ]
+            rec = (await _executor(kapi, n, "life")).packages["tuning"]
+            assert (rec.cycle, rec.interrupt) == ("config", "")
+
+        # 3. A key a configInterrupt matches: config, then the interrupt, then post-interrupt.
+        mark = len(log.events)
+        await _patch_cr(
+            kapi, "life", {"packages": {"tuning": {"configMap": {"containerd.toml": "b"}}}}
+        )
+        await _wait_done(kapi, "life", "the config change with its interrupt to finish")
+        for n in names:
+            assert _stage_pods(log, mark, n) == [
+                ("stage", "tuning", "config"),
+                ("check", "tuning", "config"),
+                ("interrupt", "", "interrupt"),
+                ("stage", "tuning", "post-interrupt"),
+                ("check", "tuning", "post-interrupt"),
+            ]
+            intr = log.created(mark, node=n, role="interrupt")[0]
+            assert json.loads(intr.env["NODEWRIGHT_INTERRUPT"]) == {
+                "type": "service",
+                "services": ["containerd"],
+            }
+            whole = await _executor(kapi, n, "life")
+            assert whole.interrupt is not None
+            assert whole.interrupt.state == "succeeded"
+            assert whole.packages["tuning"].installed == "1.1.0"
+
+
+async def test_service_interrupts_of_two_packages_merge_into_one_pod_per_node(
+    cluster: Kube, services: Services
+) -> None:
+    kapi, names = cluster, ["gpu-00", "gpu-01"]
+    await _start(kapi, services, names)
+    packages = {
+        "runtime": {
+            "version": "1.0.0",
+            "image": "registry.example/runtime",
+            "interrupt": {"type": "service", "services": ["containerd"]},
+        },
+        "agent": {
+            "version": "2.0.0",
+            "image": "registry.example/agent",
+            "interrupt": {"type": "service", "services": ["kubelet", "containerd"]},
+        },
+    }
+    async with pod_log(kapi, services.namespace) as log:
+        await manifests.apply(kapi, _cr("merge", packages, 2))
+        await _wait_done(kapi, "merge", "both packages with their interrupt")
+    for n in names:
+        interrupts = log.created(node=n, role="interrupt")
+        assert len(interrupts) == 1, interrupts
+        assert json.loads(interrupts[0].env["NODEWRIGHT_INTERRUPT"]) == {
+            "type": "service",
+            "services": ["containerd", "kubelet"],
+        }
+        # Both packages' config stages ran before it, and both post-interrupts after it.
+        at = log.index(lambda e, n=n: e.added and e.node == n and e.role == "interrupt")
+        for pkg in ("runtime", "agent"):
+            config = log.index(
+                lambda e, n=n, p=pkg: (
+                    e.node == n
+                    and (e.role, e.package, e.stage) == ("check", p, "config")
+                    and e.phase == "Succeeded"
+                )
+            )
+            post = log.index(
+                lambda e, n=n, p=pkg: (
+                    e.added
+                    and e.node == n
+                    and (e.role, e.package, e.stage) == ("stage", p, "post-interrupt")
+                )
+            )
+            assert config < at < post
+
+
+async def test_a_reboot_merges_and_counts_only_once_the_boot_id_changed(
+    cluster: Kube, services: Services
+) -> None:
+    kapi, names = cluster, ["gpu-00", "gpu-01"]
+    await _start(kapi, services, names)
+    packages = {
+        "runtime": {
+            "version": "1.0.0",
+            "image": "registry.example/runtime",
+            "interrupt": {"type": "service", "services": ["containerd"]},
+        },
+        "driver": {
+            "version": "1.0.0",
+            "image": "registry.example/driver",
+            "interrupt": {"type": "reboot"},
+        },
+        "agent": {
+            "version": "1.0.0",
+            "image": "registry.example/agent",
+            "interrupt": {"type": "service", "services": ["kubelet"]},
+        },
+    }
+    async with pod_log(kapi, services.namespace) as log:
+        await manifests.apply(kapi, _cr("reboot", packages, 2))
+
+        async def interrupt_pods_succeeded() -> bool:
+            return all(
+                any(
+                    e.node == n and e.role == "interrupt" and e.phase == "Succeeded"
+                    for e in log.events
+                )
+                for n in names
+            )
+
+        await eventually(interrupt_pods_succeeded, what="both interrupt pods to exit 0")
+        # The container exited 0, but the boot ID is the same: the reboot did not happen.
+        await asyncio.sleep(4)
+        for n in names:
+            rec = await _executor(kapi, n, "reboot")
+            assert rec.interrupt is not None
+            assert rec.interrupt.state == "running"
+            assert rec.interrupt.type == "reboot"
+            assert {p.stage for p in rec.packages.values()} == {"interrupt"}
+        assert set((await _turns(kapi, "reboot")).values()) == {"executor"}
+
+        # gpu-00 reboots (its boot ID changes); gpu-01 never does.
+        await kapi.patch(
+            f"{NODES}/gpu-00/status", {"status": {"nodeInfo": {"bootID": str(uuid.uuid4())}}}
+        )
+
+        async def gpu00_done() -> bool:
+            return (await _turns(kapi, "reboot"))["gpu-00"] == "done"
+
+        await eventually(gpu00_done, what="gpu-00 to finish after its reboot")
+        await asyncio.sleep(2)
+        rec = await _executor(kapi, "gpu-01", "reboot")
+        assert rec.interrupt is not None
+        assert rec.interrupt.state == "running"
+        assert (await _turns(kapi, "reboot"))["gpu-01"] == "executor"
+    for n in names:
+        interrupts = log.created(node=n, role="interrupt")
+        assert len(interrupts) == 1, interrupts
+        assert json.loads(interrupts[0].env["NODEWRIGHT_INTERRUPT"]) == {"type": "reboot"}
+    assert not log.created(node="gpu-01", stage="post-interrupt")
+    assert {
+        e.package for e in log.created(node="gpu-00", role="stage", stage="post-interrupt")
+    } == {
+        "runtime",
+        "driver",
+        "agent",
+    }
+    done = await _executor(kapi, "gpu-00", "reboot")
+    assert done.interrupt is not None
+    assert done.interrupt.state == "succeeded"
+
+
+async def test_depends_on_orders_packages_on_a_node_and_independent_ones_run_in_parallel(
+    cluster: Kube, services: Services
+) -> None:
+    kapi, names = cluster, ["gpu-00", "gpu-01"]
+    await _start(kapi, services, names)
+    packages = {
+        "base": {"version": "1.0.0", "image": "registry.example/base"},
+        "app": {
+            "version": "2.0.0",
+            "image": "registry.example/app",
+            "dependsOn": {"base": "1.0.0"},
+        },
+        "solo": {"version": "1.0.0", "image": "registry.example/solo"},
+    }
+    async with pod_log(kapi, services.namespace) as log:
+        await manifests.apply(kapi, _cr("deps", packages, 2))
+        await _wait_done(kapi, "deps", "three packages with a dependency")
+    for n in names:
+
+        def first(n: str = n, **m: str) -> int:
+            return log.index(
+                lambda e: e.node == n and all(getattr(e, k) == v for k, v in m.items())
+            )
+
+        app_apply = first(role="stage", package="app", stage="apply")
+        base_done = first(role="check", package="base", stage="config", phase="Succeeded")
+        assert base_done < app_apply, "app started before base was done on the node"
+        # solo does not wait for anything: it starts with base, long before base is done.
+        assert first(role="stage", package="solo", stage="apply") < first(
+            role="stage", package="base", stage="config"
+        )
+
+
+async def test_the_runtime_required_taint_goes_per_node_only_after_validation(
+    cluster: Kube, services: Services
+) -> None:
+    kapi, names = cluster, ["gpu-00", "gpu-01", "gpu-02"]
+    await nodes.create_nodes(kapi, names, labels=GPU, taints=[TAINT])
+    await nodes.wait_ready(kapi, names)
+    await kapi.patch(
+        f"{NODES}/gpu-02", {"metadata": {"annotations": {f"{SIM}/fail": "tuning/config"}}}
+    )
+    await asyncio.to_thread(services.fleet.start_all)
+    packages = {"tuning": {"version": "1.0.0", "image": "registry.example/tuning"}}
+
+    async def taints_and_validation() -> dict[str, tuple[bool, bool]]:
+        obj = await read_cr(kapi, "ready")
+        target = progress.target_digest(obj)
+        out = {}
+        for n in await _gpu_nodes(kapi):
+            f = progress.facts(n, "ready")
+            tainted = any(t.get("key") == TAINT["key"] for t in f.taints)
+            out[f.name] = (tainted, f.validator.validated == target)
+        return out
+
+    async def settled() -> bool:
+        turns = await _turns(kapi, "ready")
+        return turns == {"gpu-00": "done", "gpu-01": "done", "gpu-02": "failed"}
+
+    await manifests.apply(kapi, _cr("ready", packages, 3, runtimeRequired=True))
+    async with Sampler(taints_and_validation, interval_s=0.1) as samples:
+        await eventually(settled, timeout_s=120, what="two nodes done, gpu-02 failed")
+
+        async def untainted() -> bool:
+            now = await taints_and_validation()
+            return not now["gpu-00"][0] and not now["gpu-01"][0]
+
+        await eventually(untainted, what="the taint to leave the validated nodes")
+        await asyncio.sleep(2)
+    final = await taints_and_validation()
+    assert final["gpu-02"] == (True, False), "the failed node lost its taint"
+    # Never untainted before validated, on any node, at any sample.
+    for sample in samples.samples:
+        for node, (tainted, validated) in sample.items():
+            assert tainted or validated, f"{node} untainted before validation: {sample}"
+    # And the taint really was there while the nodes worked.
+    assert any(s["gpu-00"] == (True, False) for s in samples.samples)
