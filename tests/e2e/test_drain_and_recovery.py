@@ -10,12 +10,17 @@ import sys
 import time
 from typing import Any
 
+import pytest
+
 from nodewright import manifests
 from nodewright.rig import Rig, nodes
 from shared import api, nodestate, progress
 from shared.kube import ApiError, Kube, path_of
 from tests.e2e.conftest import NODES, Sampler, Services, read_cr
 from tests.helpers.waiting import eventually
+
+# End-to-end runs take minutes on 2 cores; the suite-wide 120 s limit is for unit tests.
+pytestmark = pytest.mark.timeout(600)
 
 SIM = "sim.nodewright.nvidia.com"
 GPU = {"nodepool": "gpu"}

@@ -20,6 +20,9 @@ from shared.kube import ApiError, Kube
 from tests.e2e.conftest import NODES, Sampler, Services, read_cr
 from tests.helpers.waiting import eventually
 
+# End-to-end runs take minutes on 2 cores; the suite-wide 120 s limit is for unit tests.
+pytestmark = pytest.mark.timeout(600)
+
 SIM = "sim.nodewright.nvidia.com"
 
 

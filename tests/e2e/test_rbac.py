@@ -16,6 +16,9 @@ from shared.kube import ApiError, Kube, path_of
 from tests.e2e.conftest import NODES, Services, read_cr
 from tests.helpers.waiting import eventually
 
+# End-to-end runs take minutes on 2 cores; the suite-wide 120 s limit is for unit tests.
+pytestmark = pytest.mark.timeout(600)
+
 TAINT = {"key": progress.RUNTIME_REQUIRED_TAINT, "value": "true", "effect": "NoSchedule"}
 
 

@@ -6,6 +6,11 @@ from __future__ import annotations
 import asyncio
 import sys
 
+import pytest
+
+# End-to-end runs take minutes on 2 cores; the suite-wide 120 s limit is for unit tests.
+pytestmark = pytest.mark.timeout(600)
+
 
 async def test_the_sandbox_rolls_the_example_out_and_stops_cleanly() -> None:
     proc = await asyncio.create_subprocess_exec(
