@@ -112,9 +112,20 @@ def desired(cr: api.NodeWright) -> dict[str, Desired]:
     return result
 
 
+def deleting(cr: api.NodeWright) -> bool:
+    """The NodeWright is being deleted: its finalizer uninstalls what can be uninstalled."""
+    return cr.metadata.deletion_timestamp is not None
+
+
 def _desired(cr: api.NodeWright) -> dict[str, Desired]:
     out: dict[str, Desired] = {}
+    gone = deleting(cr)
     for name, pkg in sorted(cr.spec.packages.items()):
+        enabled = bool(pkg.uninstall and pkg.uninstall.enabled)
+        if gone and not enabled:
+            # Being deleted: a package without uninstall steps stays as it is on the nodes
+            # that have it and is installed nowhere else.
+            continue
         out[name] = Desired(
             name=name,
             version=pkg.version,
@@ -124,7 +135,7 @@ def _desired(cr: api.NodeWright) -> dict[str, Desired]:
             interrupt=pkg.interrupt,
             config_interrupts=dict(pkg.config_interrupts),
             depends_on=tuple(sorted(pkg.depends_on)),
-            uninstall_requested=bool(pkg.uninstall and pkg.uninstall.requested),
+            uninstall_requested=gone or bool(pkg.uninstall and pkg.uninstall.requested),
             spec=pkg,
         )
     return out
@@ -297,7 +308,14 @@ def packages_done(cr: api.NodeWright, node: NodeFacts) -> bool:
 
 
 def node_done(cr: api.NodeWright, node: NodeFacts) -> bool:
-    """Every package is done and the validator validated the node for the current target."""
+    """Every package is done and the validator validated the node for the current target.
+
+    While the NodeWright is being deleted a node is done once its uninstall-enabled packages
+    are gone (each uninstall stage was checked; there is no node validation to wait for): a
+    node that never had them is done at once and is neither admitted nor cordoned.
+    """
+    if deleting(cr):
+        return packages_done(cr, node)
     return packages_done(cr, node) and node.validator.validated == target_digest(cr)
 
 

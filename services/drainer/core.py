@@ -207,10 +207,11 @@ def _soonest(*delays: float | None) -> float | None:
 
 def must_release(cr: api.NodeWright | None, node: NodeFacts) -> bool:
     """This CR's drainer record must go: the node is done, no longer admitted or targeted,
-    or the CR is gone."""
+    or the CR is gone. A CR being deleted keeps its cordons while its finalizer's
+    uninstalls run; its nodes are done (and released) once those finished."""
     if node.drain is None:
         return False
-    if cr is None or cr.metadata.deletion_timestamp is not None:
+    if cr is None:
         return True
     if node.selection is None:
         return True

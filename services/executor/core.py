@@ -13,7 +13,9 @@ publish. Rules:
   after which the package's record is removed. An uninstall cancelled while its
   ``uninstall`` stage is current installs the package again from ``apply``. A stage's next
   one starts only after the validator passed the stage's check.
-- Uninstall on NodeWright deletion (a finalizer) is not done here yet.
+- A NodeWright being deleted wants its uninstall-enabled packages uninstalled and nothing
+  else (``shared.progress.desired``): the same uninstall cycles run; the scheduler owns the
+  finalizer and removes it once they finished everywhere.
 - ``dependsOn`` is a DAG: a package starts once its dependencies are done on the node;
   independent packages run in parallel.
 - Interrupts of all packages due on the node merge into one (reboot > restartAllServices >
@@ -537,7 +539,10 @@ def _observe_interrupt(
     pod = pods_by.get(("", INTERRUPT_STAGE, iid, intr.attempt))
     if pod is not None:
         w.keep.add(pod.name)
-    timeout = max(_stage_timeout(w.cr, d) for d in progress.desired(w.cr).values())
+    timeout = max(
+        (_stage_timeout(w.cr, d) for d in progress.desired(w.cr).values()),
+        default=w.cr.spec.stage_timeout_seconds,
+    )
     elapsed = (w.now - intr.started).total_seconds()
     done = False
     if intr.type == "reboot":

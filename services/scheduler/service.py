@@ -10,6 +10,9 @@ counted from them at decision time, so they survive crashes) and the priority or
 (annotation ``scheduler.nodewright.nvidia.com/batches``, resourceVersion precondition),
 then each admission to the node (node resourceVersion precondition, written through to the
 cache so the next decision counts it), and publishes ``node.selected`` / ``node.completed``.
+It also owns the NodeWright's finalizer: added before the first admission; on deletion the
+same plan admits nodes for their uninstalls, and once nothing of the CR is left on any node
+the leftovers are removed and then the finalizer.
 Decisions of all NodeWrights are serialized by one lock, so two CRs never both take the
 last slot of a shared budget. Deciding is the core's job.
 """
@@ -113,8 +116,8 @@ class Scheduler:
         except msgspec.ValidationError as exc:
             _log.error("Skipped invalid NodeWright", extra={"nodewright": name, "error": str(exc)})
             return None
-        if cr.metadata.deletion_timestamp is not None:
-            return None
+        if progress.deleting(cr) and core.FINALIZER not in cr.metadata.finalizers:
+            return None  # ours is done (or was never added): nothing left to do for it
         policy = None
         if cr.spec.deployment_policy:
             raw_policy = self.policies.get(cr.spec.deployment_policy)
@@ -132,6 +135,14 @@ class Scheduler:
         name = cr.metadata.name
         raw_nodes = list(self.nodes.values())
         facts = [progress.facts(n, name) for n in raw_nodes]
+        finalizer = core.finalizer(cr, facts)
+        if finalizer.action == "add" and not await self._set_finalizers(
+            cr, [*cr.metadata.finalizers, core.FINALIZER]
+        ):
+            # No node is admitted before the finalizer is in place: a deletion racing the
+            # first admission still uninstalls and releases.
+            self.controller.queue.add(name, after=0.5)
+            return None
         crs = self._decoded_crs()
         plan = core.plan(
             cr=cr,
@@ -153,7 +164,50 @@ class Scheduler:
             return None
         for admit in plan.admit:
             await self._admit(cr, admit)
+        if finalizer.action == "wait":
+            _log.info(
+                "Waiting to finalize NodeWright",
+                extra={"nodewright": name, "pending": len(finalizer.pending)},
+            )
+        elif finalizer.action == "remove" and not await self._finalize(cr, raw_nodes):
+            self.controller.queue.add(name, after=0.5)
+            return None
         return self.ctx.settings.resync_interval_s
+
+    async def _set_finalizers(self, cr: api.NodeWright, finalizers: list[str]) -> bool:
+        """Write the CR's finalizers; False if the CR changed meanwhile (decide again)."""
+        body = {
+            "metadata": {
+                "resourceVersion": cr.metadata.resource_version,
+                "finalizers": finalizers,
+            }
+        }
+        try:
+            written = await self.ctx.kube.patch(f"{NODEWRIGHTS}/{cr.metadata.name}", body)
+        except ApiError as exc:
+            if exc.conflict or exc.not_found:
+                return False
+            raise
+        self.crs.observe(written)
+        return True
+
+    async def _finalize(self, cr: api.NodeWright, raw_nodes: list[JSON]) -> bool:
+        """The deletion finished: remove the CR's leftovers from the nodes, then the
+        finalizer (the API server then deletes the CR). False if anything changed meanwhile;
+        every step is idempotent, so the next pass simply continues."""
+        name = cr.metadata.name
+        for node in raw_nodes:
+            body = core.cleanup_patch(node, name)
+            if body is not None and not await patch_node(
+                self.ctx.kube, self.nodes, str(node["metadata"]["name"]), body
+            ):
+                return False
+        if not await self._set_finalizers(
+            cr, [f for f in cr.metadata.finalizers if f != core.FINALIZER]
+        ):
+            return False
+        _log.info("Finalized NodeWright", extra={"nodewright": name})
+        return True
 
     def _decoded_crs(self) -> list[api.NodeWright]:
         out = []

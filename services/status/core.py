@@ -357,7 +357,69 @@ def _conditions(
                     now=now,
                 )
             )
+    problems.extend(_uninstall_conditions(cr, counts, targets, now))
     return [ready, *sorted(problems, key=lambda c: c.type)]
+
+
+def _uninstall_conditions(
+    cr: api.NodeWright, counts: api.NodeCounts, targets: Sequence[NodeView], now: datetime
+) -> list[api.Condition]:
+    """UninstallInProgress while uninstalls (requested, or the deletion's) are pending;
+    DeletionBlocked when a deletion cannot finish without someone acting: the NodeWright is
+    paused or disabled, or nodes failed or carry undecodable records. Each names what to do."""
+    deleting = progress.deleting(cr)
+    requested = deleting or any(
+        p.uninstall is not None and p.uninstall.requested for p in cr.spec.packages.values()
+    )
+    pending = counts.target - counts.complete
+    if not requested or not pending:
+        return []
+    out = [
+        _condition(
+            api.ConditionType.UNINSTALL_IN_PROGRESS,
+            "True",
+            "Deleting" if deleting else "UninstallRequested",
+            f"uninstall pending on {pending} of {counts.target} nodes",
+            cr=cr,
+            now=now,
+        )
+    ]
+    if not deleting:
+        return out
+    failed = sorted(v.name for v in targets if v.state == "Failed")
+    malformed = sorted(v.name for v in targets if v.reason.code == assessing.NODE_STATE_MALFORMED)
+    blocked: tuple[str, str] | None = None
+    if cr.disabled:
+        blocked = (
+            "DisabledWithPendingUninstall",
+            "the NodeWright is disabled: remove the annotation "
+            f"{api.DISABLE_ANNOTATION} so its uninstalls can run",
+        )
+    elif cr.paused:
+        blocked = (
+            "PausedWithPendingUninstall",
+            f"the NodeWright is paused: remove the annotation {api.PAUSE_ANNOTATION} "
+            "so its uninstalls can run",
+        )
+    elif failed:
+        blocked = (
+            "UninstallFailed",
+            f"{len(failed)} nodes failed: {_node_list(failed)}; fix and run `nodewright "
+            "node retry`, or label them nodewright.nvidia.com/ignore=true to leave them",
+        )
+    elif malformed:
+        blocked = (
+            assessing.NODE_STATE_MALFORMED,
+            f"{len(malformed)} nodes carry NodeWright annotations that do not decode: "
+            f"{_node_list(malformed)}; run `nodewright node reset` on them",
+        )
+    if blocked is not None:
+        out.append(
+            _condition(
+                api.ConditionType.DELETION_BLOCKED, "True", blocked[0], blocked[1], cr=cr, now=now
+            )
+        )
+    return out
 
 
 # ---- per-node writes ----------------------------------------------------------------------
