@@ -103,6 +103,12 @@ class PackageRecord(_Record, frozen=True, kw_only=True, omit_defaults=True):
     interrupt_services: tuple[str, ...] = ()
     config_keys: dict[str, str] = {}
     """Per configMap key, the digest of the content last applied (to find changed keys)."""
+    cycle_config: str = ""
+    """While a cycle runs: the configMap digest it started for. Recorded as ``config`` when
+    the cycle ends, so a configMap changed mid-cycle is still seen as a change then (and runs
+    its own config cycle) instead of being taken as applied."""
+    cycle_keys: dict[str, str] = {}
+    """While a cycle runs: ``config_keys`` of the configMap it started for."""
     reason: Reason | None = None
     updated: datetime
 

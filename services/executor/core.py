@@ -170,6 +170,8 @@ def _start_cycle(w: _Work, d: Desired, r: PackageRecord | None) -> PackageRecord
         cycle=cycle,
         interrupt=intr.type if intr else "",
         interrupt_services=tuple(intr.services) if intr else (),
+        cycle_config=d.config_digest,
+        cycle_keys=progress.config_key_digests(d.config),
         updated=w.now,
     )
 
@@ -208,6 +210,8 @@ def _cancel_uninstall(w: _Work, d: Desired, r: PackageRecord) -> PackageRecord:
         cycle="install",
         interrupt=d.interrupt.type if d.interrupt else "",
         interrupt_services=tuple(d.interrupt.services) if d.interrupt else (),
+        cycle_config=d.config_digest,
+        cycle_keys=progress.config_key_digests(d.config),
         updated=w.now,
     )
 
@@ -384,11 +388,19 @@ def _advance(w: _Work, d: Desired, r: PackageRecord) -> PackageRecord:
     """A stage succeeded and its check passed: move to the next stage, or finish."""
     nxt = _next_stage(r)
     if nxt is None:
+        # What the cycle started for counts as applied, not what the CR says now: a
+        # configMap changed mid-cycle then differs and runs its own config cycle. (Records
+        # from before cycle_config existed fall back to the current configMap.)
+        started_for = bool(r.cycle_config)
         return update(
             r,
             installed=d.version,
-            config=d.config_digest,
-            config_keys=progress.config_key_digests(d.config),
+            config=r.cycle_config if started_for else d.config_digest,
+            config_keys=dict(r.cycle_keys)
+            if started_for
+            else progress.config_key_digests(d.config),
+            cycle_config="",
+            cycle_keys={},
             previous="",
             reason=None,
             updated=w.now,
@@ -659,6 +671,8 @@ def _rerun(
             previous=r.installed,
             interrupt=d.interrupt.type if d.interrupt else "",
             interrupt_services=tuple(d.interrupt.services) if d.interrupt else (),
+            cycle_config=d.config_digest,
+            cycle_keys=progress.config_key_digests(d.config),
         )
     else:
         new = _again(r, now, stage=_FIRST_STAGE[r.cycle])

@@ -452,3 +452,49 @@ def test_a_config_change_cycle_waits_for_its_own_check_and_then_finishes() -> No
     done = _rec(d4).packages["k"]
     assert done.previous == ""
     assert progress.package_done(progress.desired(after)["k"], done)
+
+
+def test_a_config_change_during_a_cycle_is_not_taken_as_applied_and_runs_its_own_cycle() -> None:
+    """The configMap changes while an install runs: the install ends recording the digest it
+    started for, so the change is still pending and runs a config cycle with the interrupt
+    its changed key asks for."""
+    pkg = {
+        "version": "1.0.0",
+        "image": "r/k",
+        "configMap": {"a.conf": "1", "b.conf": "1"},
+        "configInterrupts": {"b.conf": {"type": "service", "services": ["kubelet"]}},
+    }
+    before = nodewright(packages={"k": pkg})
+    after = nodewright(packages={"k": {**pkg, "configMap": {"a.conf": "1", "b.conf": "2"}}})
+    d1 = core.decide(cr=before, node=_facts(), node_pods=[], now=T0)
+    (apply,) = d1.create
+    checks = {nodestate.check_key("k", "1.0.0", "apply"): "passed"}
+    # The change lands while apply runs; config then runs (with the new content).
+    d2 = core.decide(cr=after, node=_facts(_rec(d1)), node_pods=[_pod(apply, "Succeeded")], now=T0)
+    d3 = core.decide(
+        cr=after, node=_facts(_rec(d2), checks), node_pods=[_pod(apply, "Succeeded")], now=T0
+    )
+    (cfg,) = d3.create
+    assert cfg.stage == "config"
+    d4 = core.decide(
+        cr=after, node=_facts(_rec(d3), checks), node_pods=[_pod(cfg, "Succeeded")], now=T0
+    )
+    checks[nodestate.check_key("k", "1.0.0", "config")] = "passed"
+    d5 = core.decide(
+        cr=after, node=_facts(_rec(d4), checks), node_pods=[_pod(cfg, "Succeeded")], now=T0
+    )
+    ended = _rec(d5).packages["k"]
+    assert ended.installed == "1.0.0"
+    assert ended.config == progress.desired(before)["k"].config_digest
+    assert (ended.cycle_config, ended.cycle_keys) == ("", {})
+    assert not progress.package_done(progress.desired(after)["k"], ended)
+
+    d6 = core.decide(cr=after, node=_facts(_rec(d5), checks), node_pods=[], now=T0)
+    (again,) = d6.create
+    assert (again.stage, again.attempt) == ("config", 2)
+    started = _rec(d6).packages["k"]
+    assert (started.cycle, started.interrupt, started.interrupt_services) == (
+        "config",
+        "service",
+        ("kubelet",),
+    )
