@@ -696,6 +696,11 @@ class NodeWrightSpec(_Model, frozen=True, kw_only=True):
     auto_taint_new_nodes: bool = False
     """With runtimeRequired: taint nodes NodeWright has never seen, for clusters whose node
     provisioning cannot add the taint itself."""
+    reapply_on_reboot: bool = False
+    """Run every package again on a node that rebooted since its packages completed, other than
+    by NodeWright's own interrupt: for read-only or ephemeral OS images whose host changes do
+    not survive a reboot. The node starts over (as after nodewright node reset), within the
+    budget, with an Event NodeRebooted naming the old and new boot IDs."""
     drain: DrainOptions = msgspec.field(default_factory=DrainOptions)
     """Cordon and drain behaviour."""
     stage_timeout_seconds: Seconds = 1800

@@ -168,6 +168,14 @@ class NodeCompleted(Event, frozen=True, kw_only=True, tag="node.completed"):
     """The node runs every package of the CR at the desired version."""
 
 
+class NodeRebooted(Event, frozen=True, kw_only=True, tag="node.rebooted"):
+    """The node rebooted since its packages completed, outside NodeWright's interrupts, and
+    the CR re-applies on reboot: the node starts over (a reset request)."""
+
+    boot_id_before: str
+    boot_id: str
+
+
 AnyEvent = (
     NodeSelected
     | NodeCordoned
@@ -183,6 +191,7 @@ AnyEvent = (
     | NodeValidated
     | NodeUncordoned
     | NodeCompleted
+    | NodeRebooted
 )
 
 KINDS: Final = tuple(

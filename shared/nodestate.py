@@ -129,6 +129,9 @@ class InterruptRecord(_Record, frozen=True, kw_only=True, omit_defaults=True):
 class ExecutorRecord(_Record, frozen=True, kw_only=True, omit_defaults=True):
     packages: dict[str, PackageRecord] = {}
     interrupt: InterruptRecord | None = None
+    boot_id: str = ""
+    """The node's boot ID when every package was last complete on it (spec.reapplyOnReboot
+    compares it with the node's)."""
     honoured: int = 0
     """The newest recovery request (:attr:`Request.seq`) the executor has acted on."""
 

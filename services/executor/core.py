@@ -746,7 +746,14 @@ def decide(
     delete = tuple(sorted(p.name for p in mine if p.name not in w.keep and not p.deleting))
     # A fresh record starts out having honoured every request: there was nothing to act on.
     mark = requests.latest if fresh else node.executor.honoured
-    new_record = ExecutorRecord(packages=w.packages, interrupt=w.interrupt, honoured=mark)
+    boot_id = node.executor.boot_id
+    if w.packages and all(progress.package_done(d, w.packages.get(n)) for n, d in desired.items()):
+        # The boot the packages are complete in (after our own reboot: the new one, since
+        # post-interrupt ran in it); reapplyOnReboot compares the node's with it.
+        boot_id = node.boot_id
+    new_record = ExecutorRecord(
+        packages=w.packages, interrupt=w.interrupt, honoured=mark, boot_id=boot_id
+    )
     if fresh and not new_record.packages and new_record.interrupt is None:
         new_record = node.executor  # nothing to write yet
     changed = new_record != node.executor

@@ -5,7 +5,8 @@ facts, the persisted batch book and what other NodeWrights hold (shared budgets,
 waits); it gets back the nodes to admit, the admissions to release, the reasons the others
 wait, and the new batch book; and what the NodeWright's finalizer needs (:func:`finalizer`):
 added while the CR lives, removed once a deletion's uninstalls finished and nothing of the
-CR holds a node. Pure: no I/O, no clock (``now`` is passed in). Budgets,
+CR holds a node; and which nodes start over because they rebooted (:func:`reboot_reset`,
+``spec.reapplyOnReboot``). Pure: no I/O, no clock (``now`` is passed in). Budgets,
 compartments, strategies, gates and windows are the planner's and ``shared.progress``'s;
 writing the admissions and the book and publishing events is the shell's job.
 """
@@ -34,6 +35,7 @@ __all__ = [
     "cleanup_patch",
     "finalizer",
     "plan",
+    "reboot_reset",
 ]
 
 FINALIZER: Final = f"{api.GROUP}/uninstall"
@@ -130,3 +132,30 @@ def cleanup_patch(node: Mapping[str, Any], cr: str) -> dict[str, Any] | None:
     if version:
         meta["resourceVersion"] = version
     return {"metadata": meta}
+
+
+REBOOT_REQUESTER: Final = "nodewright-scheduler (reapplyOnReboot) boot"
+"""``Request.by`` of the reset a reboot causes, followed by the new boot ID: one per boot."""
+
+
+def reboot_reset(
+    cr: api.NodeWright, node: NodeFacts, requests: nodestate.Requests, now: datetime
+) -> nodestate.Requests | None:
+    """With ``spec.reapplyOnReboot``: the node's requests with a reset appended when it
+    rebooted since its packages completed (its boot ID differs from the one the executor
+    recorded then; NodeWright's own reboots end before that record is written) and it is
+    done for this CR, so it starts over like after ``nodewright node reset``. One reset per
+    boot: a request already made for this boot ID is not repeated. None: nothing to do."""
+    if not cr.spec.reapply_on_reboot or progress.deleting(cr) or node.ignored:
+        return None
+    before = node.executor.boot_id
+    if not before or not node.boot_id or node.boot_id == before:
+        return None
+    if not progress.selector_matches(cr.spec.node_selectors, node.labels):
+        return None
+    if progress.turn(cr, node) != "done":
+        return None
+    by = f"{REBOOT_REQUESTER} {node.boot_id}"
+    if any(r.by == by for r in requests.requests):
+        return None
+    return nodestate.add_request(requests, nodestate.Request(seq=0, action="reset", at=now, by=by))

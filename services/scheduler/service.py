@@ -164,6 +164,8 @@ class Scheduler:
             return None
         for admit in plan.admit:
             await self._admit(cr, admit)
+        if cr.spec.reapply_on_reboot:
+            await self._reapply_after_reboots(cr, raw_nodes, facts)
         if finalizer.action == "wait":
             _log.info(
                 "Waiting to finalize NodeWright",
@@ -173,6 +175,41 @@ class Scheduler:
             self.controller.queue.add(name, after=0.5)
             return None
         return self.ctx.settings.resync_interval_s
+
+    async def _reapply_after_reboots(
+        self, cr: api.NodeWright, raw_nodes: list[JSON], facts: list[progress.NodeFacts]
+    ) -> None:
+        """Nodes that rebooted since their packages completed start over: a reset request
+        (honoured by every service like ``nodewright node reset``) and ``node.rebooted``."""
+        name = cr.metadata.name
+        now = self.ctx.clock()
+        for raw, node in zip(raw_nodes, facts, strict=True):
+            requests = nodestate.read_requests(raw, name)
+            new = core.reboot_reset(cr, node, requests, now)
+            if new is None:
+                continue
+            body = nodestate.patch(
+                nodestate.REQUESTS, name, new, resource_version=raw["metadata"]["resourceVersion"]
+            )
+            if not await patch_node(self.ctx.kube, self.nodes, node.name, body):
+                self.controller.queue.add(name, after=0.5)
+                continue
+            _log.info(
+                "Reset rebooted Node",
+                extra={"nodewright": name, "node": node.name, "boot_id": node.boot_id},
+            )
+            await self.publisher.publish(
+                events.NodeRebooted(
+                    id=events.event_id(name, node.name, "rebooted", node.boot_id),
+                    at=now,
+                    cr=name,
+                    generation=cr.metadata.generation,
+                    node=node.name,
+                    source=self.publisher.source,
+                    boot_id_before=node.executor.boot_id,
+                    boot_id=node.boot_id,
+                )
+            )
 
     async def _set_finalizers(self, cr: api.NodeWright, finalizers: list[str]) -> bool:
         """Write the CR's finalizers; False if the CR changed meanwhile (decide again)."""

@@ -51,6 +51,7 @@ REASONS: Final[Mapping[str, str]] = {
     "node.validated": "NodeValidated",
     "node.uncordoned": "Uncordoned",
     "node.completed": "NodeCompleted",
+    "node.rebooted": "NodeRebooted",
     "node.failed": "NodeFailed",
 }
 """The Event reason of each event kind."""
@@ -180,6 +181,11 @@ def describe(event: events.AnyEvent) -> str:
                 text += "; still cordoned by " + ", ".join(event.still_cordoned_by)
         case events.NodeCompleted():
             text = f"Completed {on}: every package is at its desired version"
+        case events.NodeRebooted():
+            text = (
+                f"{on} rebooted (boot ID {event.boot_id_before} -> {event.boot_id}) since its "
+                "packages completed; reapplyOnReboot: it starts over"
+            )
         case _:
             assert_never(event)
     return _truncate(f"NodeWright {event.cr}: {text}")

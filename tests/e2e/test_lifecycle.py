@@ -332,7 +332,8 @@ async def test_a_reboot_merges_and_counts_only_once_the_boot_id_changed(
         },
     }
     async with pod_log(kapi, services.namespace) as log:
-        await manifests.apply(kapi, _cr("reboot", packages, 2))
+        # reapplyOnReboot too: NodeWright's own reboot must not count as an unplanned one.
+        await manifests.apply(kapi, _cr("reboot", packages, 2, reapplyOnReboot=True))
 
         async def interrupt_pods_succeeded() -> bool:
             return all(
@@ -383,6 +384,56 @@ async def test_a_reboot_merges_and_counts_only_once_the_boot_id_changed(
     done = await _executor(kapi, "gpu-00", "reboot")
     assert done.interrupt is not None
     assert done.interrupt.state == "succeeded"
+    raw = await kapi.get(f"{NODES}/gpu-00")
+    assert done.boot_id == raw["status"]["nodeInfo"]["bootID"], "recorded after the reboot"
+    for p in packages:
+        applies = log.created(node="gpu-00", role="stage", package=p, stage="apply")
+        assert len(applies) == 1, "our own reboot re-applied nothing"
+
+
+async def test_reapply_on_reboot_runs_every_package_again_on_a_node_that_rebooted(
+    cluster: Kube, services: Services
+) -> None:
+    kapi, names = cluster, ["gpu-00", "gpu-01"]
+    await _start(kapi, services, names)
+    packages = {
+        "tuning": {"version": "1.0.0", "image": "registry.example/tuning"},
+        "agent": {
+            "version": "1.0.0",
+            "image": "registry.example/agent",
+            "dependsOn": {"tuning": "1.0.0"},
+        },
+    }
+    async with pod_log(kapi, services.namespace) as log:
+        await manifests.apply(kapi, _cr("ephemeral", packages, 1, reapplyOnReboot=True))
+        await _wait_done(kapi, "ephemeral", "the install")
+        mark = len(log.events)
+        boot = str(uuid.uuid4())
+        await kapi.patch(f"{NODES}/gpu-00/status", {"status": {"nodeInfo": {"bootID": boot}}})
+
+        async def reapplied() -> bool:
+            return len(log.created(mark, node="gpu-00", role="stage", stage="config")) == 2
+
+        await eventually(reapplied, timeout_s=120, what="gpu-00's packages to run again")
+        await _wait_done(kapi, "ephemeral", "the re-apply")
+    assert [(e.package, e.stage) for e in log.created(mark, node="gpu-00", role="stage")] == [
+        ("tuning", "apply"),
+        ("tuning", "config"),
+        ("agent", "apply"),
+        ("agent", "config"),
+    ]
+    assert not log.created(mark, node="gpu-01"), "a node that did not reboot is left alone"
+    assert (await _executor(kapi, "gpu-00", "ephemeral")).boot_id == boot
+
+    async def rebooted_event() -> list[dict[str, Any]]:
+        listed = await kapi.get(
+            path_of(plural="events", namespace="default"),
+            fieldSelector="involvedObject.name=gpu-00,reason=NodeRebooted",
+        )
+        return list(listed["items"])
+
+    (event,) = await eventually(rebooted_event, what="the NodeRebooted Event")
+    assert boot in event["message"]
 
 
 async def test_depends_on_orders_packages_on_a_node_and_independent_ones_run_in_parallel(
