@@ -12,6 +12,13 @@ For one (NodeWright, node) pair:
   validated target digest is recorded so the drainer and scheduler can release the node;
 - a runtime-required node's readiness taint is lifted once every runtime-required
   NodeWright targeting it is validated there (the shell says whether that holds);
+- a node that is *new* to a NodeWright with ``runtimeRequired`` and ``autoTaintNewNodes``
+  gets the readiness taint (:func:`auto_taint_due`): it matches the selector, was created
+  no earlier than the NodeWright, has neither executor nor validator record for it, is not
+  ignored, is not tainted already and was never auto-tainted before. The mark
+  :data:`AUTO_TAINTED` written with the taint makes that once per node, ever; a node whose
+  tainting NodeWright is gone loses the taint once no other runtime-required NodeWright
+  needs it (:func:`lift_orphaned_taint`);
 - a verdict is about one attempt of a stage: once the executor runs the stage again (a
   retry or rerun), the old verdict is dropped and the new attempt gets its own check;
 - recovery requests (``shared.nodestate.Request``) newer than the record's ``honoured``
@@ -19,16 +26,19 @@ For one (NodeWright, node) pair:
   validation, rerun forgets the node's validation (it is validated again afterwards),
   retry needs nothing here (the executor's new attempts make the failed verdicts stale).
 
-Pure: no I/O, ``now`` passed in.
+Pure: no I/O, ``now`` passed in. Which nodes to look at (the key mapping) and the patches
+are the shell's job.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import Any, Final
 
-from shared import api, events, pods, progress
+from shared import api, events, nodestate, pods, progress
 from shared.events import Reason
 from shared.nodestate import CheckRecord, Requests, ValidatorRecord, check_key
 from shared.pods import PodView
@@ -38,6 +48,19 @@ from shared.progress import NodeFacts
 CHECKED_STAGES = frozenset({"apply", "upgrade", "config", "post-interrupt", "uninstall"})
 _TAIL = 512
 
+AUTO_TAINTED: Final = f"readiness.{nodestate.VALIDATOR}/auto-tainted"
+"""Node annotation ``readiness.validator.nodewright.nvidia.com/auto-tainted: <cr>``: the
+validator auto-tainted this node (for NodeWright ``<cr>``) and never does it again. Not
+``validator.nodewright.nvidia.com/<name>``: every key there is read as a NodeWright's
+validator record (``nodestate.crs_with``), and a NodeWright may be named ``auto-tainted``."""
+
+READINESS_TAINT: Final[Mapping[str, str]] = MappingProxyType(
+    {"key": progress.RUNTIME_REQUIRED_TAINT, "effect": "NoSchedule"}
+)
+"""The taint added to new nodes: keeps workloads off, NodeWright's own pods tolerate it."""
+
+_NO_ANNOTATIONS: Final[Mapping[str, str]] = MappingProxyType({})
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -46,6 +69,8 @@ class Decision:
     delete: tuple[str, ...] = ()
     publish: tuple[events.Event, ...] = ()
     remove_readiness_taint: bool = False
+    add_readiness_taint: bool = False
+    """Taint the new node (:data:`READINESS_TAINT`) and mark it (:data:`AUTO_TAINTED`)."""
     requeue_after: float | None = None
 
 
@@ -215,6 +240,70 @@ def _checks(
             del w.checks[key]
 
 
+def has_readiness_taint(taints: Iterable[Mapping[str, Any]]) -> bool:
+    return any(t.get("key") == progress.RUNTIME_REQUIRED_TAINT for t in taints)
+
+
+def _timestamp(text: str) -> datetime | None:
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+def auto_taint_due(
+    cr: api.NodeWright,
+    *,
+    labels: Mapping[str, str],
+    taints: Iterable[Mapping[str, Any]],
+    created: str,
+    annotations: Mapping[str, str],
+) -> bool:
+    """The node (its labels, taints, ``creationTimestamp`` and annotations) is new to ``cr``
+    and ``cr`` asks for new nodes to carry the readiness taint.
+
+    New means created no earlier than the NodeWright (timestamps have whole seconds, so a
+    node created in the same second counts as new) and without an executor or validator
+    record for it: the reference taints every node without a record, which on turning the
+    feature on taints a whole fleet already running workloads. A scheduler or drainer
+    record does not count: the scheduler may admit a new node before the taint is added,
+    and nothing has changed on the node yet.
+    """
+    spec = cr.spec
+    if not (spec.runtime_required and spec.auto_taint_new_nodes):
+        return False
+    if cr.disabled or cr.metadata.deletion_timestamp is not None:
+        return False
+    if AUTO_TAINTED in annotations or has_readiness_taint(taints):
+        return False
+    if labels.get(nodestate.IGNORE_LABEL) == "true":
+        return False
+    if not progress.selector_matches(spec.node_selectors, labels):
+        return False
+    name = cr.metadata.name
+    if any(
+        nodestate.key(o, name) in annotations for o in (nodestate.EXECUTOR, nodestate.VALIDATOR)
+    ):
+        return False
+    node_created, cr_created = _timestamp(created), cr.metadata.creation_timestamp
+    if node_created is None or cr_created is None:
+        return False  # cannot tell the node is new: tainting a busy node is the worse error
+    return node_created >= cr_created
+
+
+def lift_orphaned_taint(
+    cr: str,
+    *,
+    annotations: Mapping[str, str],
+    has_readiness_taint: bool,
+    runtime_required_done: bool,
+) -> bool:
+    """NodeWright ``cr`` is gone, and so is the last reason for the readiness taint it had
+    the validator add to this node: no other runtime-required NodeWright still needs it."""
+    return has_readiness_taint and runtime_required_done and annotations.get(AUTO_TAINTED) == cr
+
+
 def honour(record: ValidatorRecord, requests: Requests) -> ValidatorRecord:
     """``record`` after the recovery requests newer than its mark, marked as honoured."""
     for req in requests.after(record.honoured):
@@ -245,7 +334,10 @@ def decide(
     image_pull_grace_s: float = 120.0,
     source: str = "validator",
     requests: Requests | None = None,
+    annotations: Mapping[str, str] = _NO_ANNOTATIONS,
 ) -> Decision:
+    """``annotations`` are the node's: they say whether the node is new to ``cr`` and
+    whether the validator auto-tainted it (see :func:`auto_taint_due`)."""
     requests = requests or Requests()
     fresh = node.validator == ValidatorRecord(honoured=node.validator.honoured)
     if requests.after(node.validator.honoured) and not fresh:
@@ -283,13 +375,23 @@ def decide(
     if fresh and new == ValidatorRecord(honoured=honoured):
         new = record  # nothing to write yet
     delete = tuple(sorted(p.name for p in mine if p.name not in w.keep and not p.deleting))
+    # A taint this validator added for ``cr`` goes by the same rule even if ``cr`` stopped
+    # being runtimeRequired since: nobody else would ever lift it.
+    ours = annotations.get(AUTO_TAINTED) == cr.metadata.name
     return Decision(
         record=new if new != record else None,
         create=tuple(w.create),
         delete=delete,
         publish=tuple(w.out.events),
-        remove_readiness_taint=cr.spec.runtime_required
+        remove_readiness_taint=(cr.spec.runtime_required or ours)
         and runtime_required_done
         and has_readiness_taint,
+        add_readiness_taint=auto_taint_due(
+            cr,
+            labels=node.labels,
+            taints=node.taints,
+            created=node.created,
+            annotations=annotations,
+        ),
         requeue_after=w.requeue,
     )

@@ -3,8 +3,15 @@ readiness taint, carried out as :func:`services.validator.core.decide` says.
 
 For each (NodeWright, node) key it writes the validator record (with the node's
 resourceVersion as precondition), creates check pods (AlreadyExists is success), deletes
-finished ones, lifts the runtime-required taint when the core says so, and publishes
-``stage.validated`` / ``stage.validation-failed`` / ``node.validated``.
+finished ones, adds the runtime-required taint to new nodes and lifts it when the core says
+so, and publishes ``stage.validated`` / ``stage.validation-failed`` / ``node.validated``.
+
+Keys are the (NodeWright, node) pairs with a scheduler, executor or requests record, plus
+two kinds of pairs without one: a node new to an ``autoTaintNewNodes`` NodeWright (it has
+no record yet, and must be tainted before the scheduler ever looks at it), and a node the
+validator auto-tainted that still carries the taint (so the taint is lifted even when its
+NodeWright is gone). Whether a pair is one of those is the core's rule; the node watch and
+the periodic resync find them, so a missed event is recovered.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ class Validator:
             workers=settings.workers,
         )
         self.pod_index = PodIndex()
+        self._auto_taint_memo: dict[str, tuple[str, api.NodeWright]] = {}
         c = self.controller
         self.crs: Informer = c.watch(NODEWRIGHTS, to_keys=self._cr_keys, name="nodewrights")
         self.nodes: Informer = c.watch(NODES, to_keys=self._node_keys, name="nodes")
@@ -76,11 +84,53 @@ class Validator:
 
     def all_keys(self) -> Iterable[NodeKey]:
         keys: set[NodeKey] = self.pod_index.keys()
+        auto_taint = self._auto_taint_crs()
         for node in self.nodes.values():
             name = node["metadata"]["name"]
             for owner in _KEYED_BY:
                 keys.update((cr, name) for cr in nodestate.crs_with(node, owner))
+            keys.update(self._readiness_keys(node, auto_taint))
         return keys
+
+    def _auto_taint_crs(self) -> list[api.NodeWright]:
+        """The NodeWrights that ask for new nodes to be tainted, each decoded once per
+        resourceVersion (node events are frequent; such NodeWrights few)."""
+        memo: dict[str, tuple[str, api.NodeWright]] = {}
+        for raw in self.crs.values():
+            spec = raw.get("spec") or {}
+            if not (spec.get("autoTaintNewNodes") and spec.get("runtimeRequired")):
+                continue
+            meta = raw["metadata"]
+            name, version = str(meta["name"]), str(meta.get("resourceVersion") or "")
+            known = self._auto_taint_memo.get(name)
+            if known is None or known[0] != version:
+                try:
+                    known = (version, api.from_dict(raw, api.NodeWright))
+                except msgspec.ValidationError:
+                    continue  # logged when its keys are reconciled
+            memo[name] = known
+        self._auto_taint_memo = memo
+        return [cr for _, cr in memo.values()]
+
+    @staticmethod
+    def _readiness_keys(node: JSON, auto_taint: Iterable[api.NodeWright]) -> list[NodeKey]:
+        """The pairs that have no record but may need the readiness taint added or lifted."""
+        meta = node.get("metadata") or {}
+        name = str(meta["name"])
+        annotations = nodestate.annotations_of(node)
+        taints = (node.get("spec") or {}).get("taints") or ()
+        tainted_for = annotations.get(core.AUTO_TAINTED)
+        if tainted_for is not None:
+            return [(tainted_for, name)] if core.has_readiness_taint(taints) else []
+        labels = meta.get("labels") or {}
+        created = str(meta.get("creationTimestamp") or "")
+        return [
+            (cr.metadata.name, name)
+            for cr in auto_taint
+            if core.auto_taint_due(
+                cr, labels=labels, taints=taints, created=created, annotations=annotations
+            )
+        ]
 
     def _cr_keys(self, old: JSON | None, new: JSON | None) -> Iterable[NodeKey]:
         obj = new or old
@@ -99,7 +149,10 @@ class Validator:
             if o:
                 for owner in _KEYED_BY:
                     crs.update(nodestate.crs_with(o, owner))
-        return [(cr, name) for cr in crs]
+        keys = {(cr, name) for cr in crs}
+        if new:
+            keys.update(self._readiness_keys(new, self._auto_taint_crs()))
+        return keys
 
     # ---- reconcile ----------------------------------------------------------------------
 
@@ -122,8 +175,10 @@ class Validator:
     async def reconcile(self, key: NodeKey) -> float | None:
         cr_name, node_name = key
         raw_cr, raw_node = self.crs.get(cr_name), self.nodes.get(node_name)
-        if raw_cr is None or raw_node is None:
+        if raw_node is None:
             return None
+        if raw_cr is None:
+            return await self._orphaned_taint(cr_name, raw_node)
         try:
             cr = api.from_dict(raw_cr, api.NodeWright)
         except msgspec.ValidationError as exc:
@@ -137,7 +192,7 @@ class Validator:
             for p in (self.pods.get(k) for k in self.pod_index.names(key))
             if p is not None
         ]
-        has_taint = any(t.get("key") == progress.RUNTIME_REQUIRED_TAINT for t in facts.taints)
+        has_taint = core.has_readiness_taint(facts.taints)
         decision = core.decide(
             cr=cr,
             node=facts,
@@ -148,6 +203,7 @@ class Validator:
             image_pull_grace_s=self.settings.pods.image_pull_grace_s,
             source=self.publisher.source,
             requests=nodestate.read_requests(raw_node, cr_name),
+            annotations=nodestate.annotations_of(raw_node),
         )
         if decision.record is not None and decision.record.honoured != facts.validator.honoured:
             _log.info(
@@ -158,7 +214,11 @@ class Validator:
                     "request": decision.record.honoured,
                 },
             )
-        changes = decision.record is not None or decision.remove_readiness_taint
+        changes = (
+            decision.record is not None
+            or decision.remove_readiness_taint
+            or decision.add_readiness_taint
+        )
         if changes and not await self._write(cr_name, raw_node, decision):
             return 0.5
         annotations = nodestate.annotations_of(raw_node)
@@ -170,6 +230,21 @@ class Validator:
             await self.publisher.publish(event)
         return decision.requeue_after
 
+    async def _orphaned_taint(self, cr: str, node: JSON) -> float | None:
+        """The key's NodeWright is gone: lift the readiness taint it had added, if due."""
+        taints = (node.get("spec") or {}).get("taints") or ()
+        has_taint = core.has_readiness_taint(taints)
+        if not core.lift_orphaned_taint(
+            cr,
+            annotations=nodestate.annotations_of(node),
+            has_readiness_taint=has_taint,
+            runtime_required_done=has_taint and self._runtime_required_done(node),
+        ):
+            return None
+        if not await self._write(cr, node, core.Decision(remove_readiness_taint=True)):
+            return 0.5
+        return None
+
     async def _write(self, cr: str, node: JSON, decision: core.Decision) -> bool:
         name = node["metadata"]["name"]
         body = nodestate.patch(
@@ -178,16 +253,27 @@ class Validator:
             decision.record,
             resource_version=node["metadata"]["resourceVersion"],
         )
+        annotations: dict[str, str | None] = body["metadata"].pop("annotations")
         if decision.record is None:
-            del body["metadata"]["annotations"]
-        if decision.remove_readiness_taint:
-            taints = (node.get("spec") or {}).get("taints") or []
+            annotations.clear()
+        taints = list((node.get("spec") or {}).get("taints") or [])
+        if decision.add_readiness_taint:
+            # The mark goes with the taint, in the same write: a node is never tainted twice.
+            annotations[core.AUTO_TAINTED] = cr
+            body["spec"] = {"taints": [*taints, dict(core.READINESS_TAINT)]}
+        elif decision.remove_readiness_taint:
             body["spec"] = {
                 "taints": [t for t in taints if t.get("key") != progress.RUNTIME_REQUIRED_TAINT]
             }
+        if annotations:
+            body["metadata"]["annotations"] = annotations
         if not await patch_node(self.ctx.kube, self.nodes, name, body):
             return False
-        if decision.remove_readiness_taint:
+        if decision.add_readiness_taint:
+            _log.info(
+                "Tainted new Node until it is validated", extra={"node": name, "nodewright": cr}
+            )
+        elif decision.remove_readiness_taint:
             _log.info("Removed readiness taint from Node", extra={"node": name, "nodewright": cr})
         return True
 
