@@ -112,7 +112,9 @@ def summarize(
     return api.NodeWrightStatus(
         observed_generation=cr.metadata.generation,
         state=state,
-        conditions=_conditions(cr, state, counts, pending, targets, policy_missing, now),
+        conditions=_conditions(
+            cr, state, counts, pending, targets, policy_missing, now, compartments=compartments
+        ),
         node_counts=counts,
         complete_nodes=f"{counts.complete}/{counts.target}",
         package_list=assessing.truncate(
@@ -300,6 +302,8 @@ def _conditions(
     targets: Sequence[NodeView],
     policy_missing: bool,
     now: datetime,
+    *,
+    compartments: Sequence[api.CompartmentStatus] = (),
 ) -> list[api.Condition]:
     """Ready, always; then the problem conditions that hold now (sorted by type). A problem
     condition is listed only while it is True."""
@@ -358,7 +362,28 @@ def _conditions(
                 )
             )
     problems.extend(_uninstall_conditions(cr, counts, targets, now))
+    problems.extend(_stopped_condition(cr, compartments, now))
     return [ready, *sorted(problems, key=lambda c: c.type)]
+
+
+def _stopped_condition(
+    cr: api.NodeWright, compartments: Sequence[api.CompartmentStatus], now: datetime
+) -> list[api.Condition]:
+    """RolloutStopped while a compartment's stop gate holds."""
+    stopped = sorted(c.name for c in compartments if c.batch.stopped)
+    if not stopped:
+        return []
+    return [
+        _condition(
+            api.ConditionType.ROLLOUT_STOPPED,
+            "True",
+            api.ConditionType.ROLLOUT_STOPPED,
+            f"compartments stopped after consecutive failed batches: {', '.join(stopped)}; fix "
+            "the failures, then `nodewright reset-batches NAME`",
+            cr=cr,
+            now=now,
+        )
+    ]
 
 
 def _uninstall_conditions(
@@ -384,9 +409,20 @@ def _uninstall_conditions(
             now=now,
         )
     ]
+    failed = sorted(v.name for v in targets if v.state == "Failed")
+    if failed:
+        out.append(
+            _condition(
+                api.ConditionType.UNINSTALL_FAILED,
+                "True",
+                api.ConditionType.UNINSTALL_FAILED,
+                f"{len(failed)} nodes failed: {_node_list(failed)}",
+                cr=cr,
+                now=now,
+            )
+        )
     if not deleting:
         return out
-    failed = sorted(v.name for v in targets if v.state == "Failed")
     malformed = sorted(v.name for v in targets if v.reason.code == assessing.NODE_STATE_MALFORMED)
     blocked: tuple[str, str] | None = None
     if cr.disabled:

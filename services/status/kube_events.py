@@ -1,5 +1,5 @@
-"""Kubernetes Events for what happened on the bus, as request bodies: built here, created by
-the status shell.
+"""Kubernetes Events for what happened on the bus and in each compartment's rollout, as
+request bodies: built here, created by the status shell.
 
 - Every JetStream event becomes a core/v1 Event on its NodeWright and, for an event about a
   node, a second one on the Node, so ``kubectl describe`` shows it on both. The reason is
@@ -9,9 +9,15 @@ the status shell.
 - Every dead-lettered message becomes a Warning ``DeadLetteredEvent``: on the NodeWright its
   original subject names, or, when that is unknown, on NodeWright's own namespace. The
   payload may be garbage; only the headers and the subject are read.
+- Every transition of a compartment's rollout (:func:`compartment_changes`: BatchStarted,
+  BatchFinished, CompartmentStopped, CompartmentWaiting, CompartmentCompleted) becomes an
+  Event on the NodeWright, found by comparing the compartments and node reasons a status
+  pass is about to write with the ones the previous pass wrote; annotations on the Event
+  carry the compartment, batch and counts for tools.
 
-Names are deterministic (a hash of what identifies the message and the object) so a
-redelivered message creates nothing new: the API server answers 409. Messages are bounded.
+Names are deterministic (a hash of what identifies the message, or the transition, and the
+object) so a redelivered message or a transition seen again creates nothing new: the API
+server answers 409. Messages are bounded.
 Events about cluster-scoped objects must live in namespace ``default``: without eventTime the
 API server accepts them nowhere else. Pure: no I/O; creating the Events is the shell's job.
 """
@@ -19,12 +25,14 @@ API server accepts them nowhere else. Pure: no I/O; creating the Events is the s
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Literal, assert_never
 
-from shared import api, events, nodestate, subjects
+from services.status import assessing
+from shared import api, events, nodestate, progress, subjects
+from shared.nodestate import StatusRecord
 
 EVENT_NAMESPACE: Final = "default"
 """Where Events about cluster-scoped objects (NodeWrights, Nodes) are created."""
@@ -217,12 +225,15 @@ def body(
     at: datetime,
     instance: str,
     cr: str = "",
+    annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A core/v1 Event (the classic form: first/lastTimestamp and count, no eventTime)."""
     stamp = _timestamp(at)
     meta: dict[str, Any] = {"name": event_name(involved, key), "namespace": namespace}
     if cr:
         meta["labels"] = {LABEL_NODEWRIGHT: cr}
+    if annotations:
+        meta["annotations"] = dict(annotations)
     return {
         "apiVersion": "v1",
         "kind": "Event",
@@ -336,3 +347,353 @@ def for_dead_letter(
         instance=instance,
         cr=cr,
     )
+
+
+# ---- per-compartment Events ------------------------------------------------------------------
+#
+# The batch state is the scheduler's (its batch book on the CR); status.compartments shows it.
+# These Events tell its story. They come from comparing the compartments the status service is
+# about to write with the ones the CR carries (written by the previous pass), and each node's
+# reason with the status record it carries (also the previous pass's). Level-based: a pass that
+# is missed (a crash between the status write and the Events) only makes the story coarser,
+# e.g. one BatchFinished for two batches; it never invents a transition.
+
+BATCH_STARTED: Final = "BatchStarted"
+BATCH_FINISHED: Final = "BatchFinished"
+COMPARTMENT_STOPPED: Final = "CompartmentStopped"
+COMPARTMENT_COMPLETED: Final = "CompartmentCompleted"
+COMPARTMENT_WAITING: Final = "CompartmentWaiting"
+COMPARTMENT_REASONS: Final = (
+    BATCH_FINISHED,
+    COMPARTMENT_STOPPED,
+    BATCH_STARTED,
+    COMPARTMENT_WAITING,
+    COMPARTMENT_COMPLETED,
+)
+"""The reasons of per-compartment Events, in the order one pass raises them."""
+
+ANNOTATION_COMPARTMENT: Final = f"{nodestate.DOMAIN}/compartment"
+"""Annotation on every per-compartment Event: the compartment (an annotation, because
+``__default__`` is no valid label value)."""
+ANNOTATION_BATCH: Final = f"{nodestate.DOMAIN}/batch"
+"""The batch an Event is about (BatchFinished: the last batch it covers)."""
+ANNOTATION_BATCH_SIZE: Final = f"{nodestate.DOMAIN}/batch-size"
+ANNOTATION_SUCCEEDED: Final = f"{nodestate.DOMAIN}/succeeded"
+ANNOTATION_FAILED: Final = f"{nodestate.DOMAIN}/failed"
+ANNOTATION_WAITING: Final = f"{nodestate.DOMAIN}/waiting-reason"
+
+WAITING_REASONS: Final = (
+    progress.DISABLED,
+    progress.PAUSED,
+    progress.WAITING_FOR_PRIORITY,
+    progress.WAITING_FOR_WINDOW,
+    progress.BUDGET_EXHAUSTED,
+    progress.CLUSTER_BUDGET_EXHAUSTED,
+    progress.SHARED_BUDGET_EXHAUSTED,
+)
+"""Why a compartment starts nothing although nodes wait, the first that holds winning. A stop
+has its own Event (CompartmentStopped); waiting for the batch in flight is the normal course
+of a rollout and raises none; a NotReady node holds back only itself."""
+
+_NAMED_NODES: Final = 5
+"""Nodes a BatchStarted Event names; the others are counted."""
+
+
+@dataclass(frozen=True)
+class CompartmentChange:
+    """One transition of one compartment, to become a Normal or Warning Event on the
+    NodeWright."""
+
+    compartment: str
+    reason: str
+    """One of :data:`COMPARTMENT_REASONS`."""
+    type_: EventType
+    message: str
+    key: str
+    """Identifies the transition and is hashed into the Event name: seen again (a retry, a
+    restart, another replica), it names the same Event, which then exists already."""
+    annotations: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A target node not admitted yet that waits, with the reason it gives."""
+
+    name: str
+    code: str
+    message: str
+
+
+def _epoch(cr: api.NodeWright, book: progress.BatchBook) -> str:
+    """What a batch number is unique within: the NodeWright object, the target its nodes move
+    to, and the last batch-state reset by command (the other resets come with a new target,
+    or after completion)."""
+    return (
+        f"{cr.metadata.uid or cr.metadata.name}\0{progress.target_digest(cr)}\0{book.reset_token}"
+    )
+
+
+def _wait_reason(
+    pending: Sequence[_Pending], batch_nodes: frozenset[str] | None
+) -> _Pending | None:
+    """The wait that holds the compartment back: with a batch in flight (``batch_nodes``), a
+    wait of one of its members not admitted yet; between batches, a wait of any node. The
+    first of :data:`WAITING_REASONS` that holds; its example is the first such node by name."""
+    relevant = [p for p in pending if batch_nodes is None or p.name in batch_nodes]
+    for code in WAITING_REASONS:
+        hits = sorted((p for p in relevant if p.code == code), key=lambda p: p.name)
+        if hits:
+            return hits[0]
+    return None
+
+
+def _node_names(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:_NAMED_NODES])
+    if len(names) > _NAMED_NODES:
+        shown += f" and {len(names) - _NAMED_NODES} more"
+    return shown
+
+
+def _complete(c: api.CompartmentStatus) -> bool:
+    return c.matched_nodes > 0 and c.complete_nodes == c.matched_nodes
+
+
+def compartment_changes(
+    cr: api.NodeWright,
+    current: Sequence[api.CompartmentStatus],
+    views: Sequence[assessing.NodeView],
+    observed: Sequence[assessing.Observed],
+) -> list[CompartmentChange]:
+    """The transitions between the compartments ``cr.status`` shows (the previous pass's) and
+    ``current`` (this pass's, from ``views``), and between the reasons the nodes' status
+    records give (``observed``, the previous pass's) and ``views``:
+
+    - BatchStarted: a batch opened (number, size, nodes);
+    - BatchFinished: batches finished (successes, failures, verdict; Warning when the last one
+      was below the success threshold), including the last one of a rollout whose batch state
+      was reset on completion;
+    - CompartmentStopped (Warning): the failure threshold was reached;
+    - CompartmentWaiting: the reason the compartment starts nothing changed to one of
+      :data:`WAITING_REASONS` (no Event when the wait ends: the next BatchStarted says so);
+    - CompartmentCompleted: every node of the compartment is complete.
+
+    Pure; ordered by compartment, then as :data:`COMPARTMENT_REASONS`."""
+    name = cr.metadata.name
+    book = progress.read_batch_book(cr.metadata.annotations)
+    epoch = _epoch(cr, book)
+    previous = {c.name: c for c in cr.status.compartments}
+    records = {o.name: o.record for o in observed}
+    members: dict[str, list[assessing.NodeView]] = {}
+    for v in views:
+        if v.target:
+            members.setdefault(v.compartment, []).append(v)
+    out: list[CompartmentChange] = []
+    for cur in sorted(current, key=lambda c: c.name):
+        prev = previous.get(cur.name) or api.CompartmentStatus(name=cur.name)
+        mine = members.get(cur.name, [])
+        entry = book.compartments.get(cur.name)
+        out.extend(_batch_changes(name, epoch, prev, cur, mine, entry, cr))
+        out.extend(_waiting_changes(name, epoch, prev, cur, mine, entry, records))
+        if _complete(cur) and not _complete(prev):
+            out.append(
+                CompartmentChange(
+                    compartment=cur.name,
+                    reason=COMPARTMENT_COMPLETED,
+                    type_="Normal",
+                    message=_truncate(
+                        f"NodeWright {name}: compartment {cur.name} completed: "
+                        f"{cur.complete_nodes} of {cur.matched_nodes} nodes complete"
+                    ),
+                    key=f"{epoch}\0{cur.name}\0completed\0{cur.matched_nodes}",
+                    annotations={ANNOTATION_COMPARTMENT: cur.name},
+                )
+            )
+    order = {r: i for i, r in enumerate(COMPARTMENT_REASONS)}
+    return sorted(out, key=lambda c: (c.compartment, order[c.reason]))
+
+
+def _batch_changes(
+    name: str,
+    epoch: str,
+    prev: api.CompartmentStatus,
+    cur: api.CompartmentStatus,
+    members: Sequence[assessing.NodeView],
+    entry: progress.CompartmentBatch | None,
+    cr: api.NodeWright,
+) -> list[CompartmentChange]:
+    p, c = prev.batch, cur.batch
+    comp = cur.name
+    out: list[CompartmentChange] = []
+    reset = (
+        c.current_batch < p.current_batch
+        or c.total_succeeded_nodes < p.total_succeeded_nodes
+        or c.total_failed_nodes < p.total_failed_nodes
+    )
+    # (first batch, last batch, successes, failures, what identifies the end of the last
+    # batch without the previous status: a stale previous status only coarsens the message)
+    finished: tuple[int, int, int, int, str] | None = None
+    if not reset and c.current_batch > p.current_batch:
+        finished = (
+            p.current_batch,
+            c.current_batch - 1,
+            c.total_succeeded_nodes - p.total_succeeded_nodes,
+            c.total_failed_nodes - p.total_failed_nodes,
+            f"{c.total_succeeded_nodes}\0{c.total_failed_nodes}",
+        )
+    elif (
+        p.batch_size > 0
+        and c.batch_size == 0
+        and c.current_batch <= p.current_batch
+        and members
+        and all(progress.node_done(cr, v.facts) for v in members)
+    ):
+        # The last batch of a rollout: the scheduler resets the batch state on completion
+        # instead of closing the batch, so its end shows as every node being done.
+        finished = (p.current_batch, p.current_batch, p.batch_size, 0, "on completion")
+    if finished is not None:
+        first, last, success, failure, ident = finished
+        failed_batch = success + failure > 0 and c.last_batch_failed and not reset
+        if success + failure == 0:
+            verdict = "no node judged"
+        elif failed_batch:
+            verdict = (
+                f"below the success threshold ({c.consecutive_failed_batches} "
+                "consecutive failed batches)"
+            )
+        else:
+            verdict = "passed"
+        which = f"batch {last}" if first == last else f"batches {first} to {last}"
+        out.append(
+            CompartmentChange(
+                compartment=comp,
+                reason=BATCH_FINISHED,
+                type_="Warning" if failed_batch else "Normal",
+                message=_truncate(
+                    f"NodeWright {name}: compartment {comp} finished {which}: "
+                    f"{success} succeeded, {failure} failed; {verdict}"
+                ),
+                key=f"{epoch}\0{comp}\0finished\0{last}\0{ident}",
+                annotations={
+                    ANNOTATION_COMPARTMENT: comp,
+                    ANNOTATION_BATCH: str(last),
+                    ANNOTATION_SUCCEEDED: str(success),
+                    ANNOTATION_FAILED: str(failure),
+                },
+            )
+        )
+    if c.stopped and not p.stopped:
+        out.append(
+            CompartmentChange(
+                compartment=comp,
+                reason=COMPARTMENT_STOPPED,
+                type_="Warning",
+                message=_truncate(
+                    f"NodeWright {name}: compartment {comp} stopped before batch "
+                    f"{c.current_batch}: {c.stop_reason or 'Stopped'}: "
+                    f"{c.stop_message or 'it starts no new node until its batch state is reset'}"
+                ),
+                key=f"{epoch}\0{comp}\0stopped\0{c.current_batch}\0{c.total_failed_nodes}",
+                annotations={ANNOTATION_COMPARTMENT: comp, ANNOTATION_BATCH: str(c.current_batch)},
+            )
+        )
+    if c.batch_size > 0 and (p.batch_size == 0 or c.current_batch != p.current_batch or reset):
+        nodes = list(entry.nodes) if entry is not None else []
+        planned = entry.planned if entry is not None else 0
+        named = f": {_node_names(nodes)}" if nodes else ""
+        nominal = f" (nominal size {planned})" if planned and planned != c.batch_size else ""
+        out.append(
+            CompartmentChange(
+                compartment=comp,
+                reason=BATCH_STARTED,
+                type_="Normal",
+                message=_truncate(
+                    f"NodeWright {name}: compartment {comp} started batch {c.current_batch} "
+                    f"with {c.batch_size} nodes{nominal}, budget {cur.budget_nodes}{named}"
+                ),
+                key=f"{epoch}\0{comp}\0started\0{c.current_batch}\0" + ",".join(sorted(nodes)),
+                annotations={
+                    ANNOTATION_COMPARTMENT: comp,
+                    ANNOTATION_BATCH: str(c.current_batch),
+                    ANNOTATION_BATCH_SIZE: str(c.batch_size),
+                },
+            )
+        )
+    return out
+
+
+def _waiting_changes(
+    name: str,
+    epoch: str,
+    prev: api.CompartmentStatus,
+    cur: api.CompartmentStatus,
+    members: Sequence[assessing.NodeView],
+    entry: progress.CompartmentBatch | None,
+    records: Mapping[str, StatusRecord | None],
+) -> list[CompartmentChange]:
+    comp = cur.name
+    c = cur.batch
+    in_flight = c.batch_size > 0 and entry is not None and bool(entry.nodes)
+    batch_nodes = frozenset(entry.nodes) if in_flight and entry is not None else None
+    waiting = [v for v in members if v.facts.selection is None and v.phase == "Waiting"]
+    now = _wait_reason(
+        [_Pending(v.name, v.reason.code, v.reason.message) for v in waiting], batch_nodes
+    )
+    if now is None:
+        return []
+    # The reason the previous pass gave, judged the same way when it was about the same batch
+    # (otherwise unknown: the Event name keeps a repeat from doing anything).
+    before: _Pending | None = None
+    if prev.batch.current_batch == c.current_batch and (prev.batch.batch_size > 0) == in_flight:
+        earlier = []
+        for v in waiting:
+            rec = records.get(v.name)
+            if rec is not None and rec.phase == "Waiting" and rec.reason is not None:
+                earlier.append(_Pending(v.name, rec.reason.code, rec.reason.message))
+        before = _wait_reason(earlier, batch_nodes)
+    if before is not None and before.code == now.code:
+        return []
+    count = sum(
+        1
+        for v in waiting
+        if v.reason.code == now.code and (batch_nodes is None or v.name in batch_nodes)
+    )
+    when = f"batch {c.current_batch} in flight" if in_flight else f"before batch {c.current_batch}"
+    return [
+        CompartmentChange(
+            compartment=comp,
+            reason=COMPARTMENT_WAITING,
+            type_="Normal",
+            message=_truncate(
+                f"NodeWright {name}: compartment {comp} waits ({when}): {now.code}: "
+                f"{now.message} ({count} nodes, e.g. {now.name})"
+            ),
+            key=f"{epoch}\0{comp}\0waiting\0{c.current_batch}\0{in_flight}\0{now.code}",
+            annotations={
+                ANNOTATION_COMPARTMENT: comp,
+                ANNOTATION_BATCH: str(c.current_batch),
+                ANNOTATION_WAITING: now.code,
+            },
+        )
+    ]
+
+
+def for_compartment_changes(
+    cr: api.NodeWright, changes: Sequence[CompartmentChange], *, at: datetime, instance: str
+) -> list[dict[str, Any]]:
+    """The Events of the changes, on the NodeWright."""
+    involved = nodewright_ref(cr.metadata.name, cr.metadata.uid)
+    return [
+        body(
+            key=change.key,
+            involved=involved,
+            namespace=EVENT_NAMESPACE,
+            reason=change.reason,
+            type_=change.type_,
+            message=change.message,
+            at=at,
+            instance=instance,
+            cr=cr.metadata.name,
+            annotations=change.annotations,
+        )
+        for change in changes
+    ]

@@ -258,6 +258,7 @@ class Status:
         finally:
             # The status is written once per pass, whatever happened to the node writes.
             status_ok = await self._write_status(name, raw, cr, status)
+        await self._compartment_events(cr, status, views, observed, status_written=status_ok)
         if not (nodes_ok and status_ok):
             return 0.5
         return self.ctx.settings.resync_interval_s
@@ -405,6 +406,45 @@ class Status:
                 extra={"about": what, "status": exc.status, "error": exc.message},
             )
         return None
+
+    async def _compartment_events(
+        self,
+        cr: api.NodeWright,
+        status: api.NodeWrightStatus,
+        views: list[assessing.NodeView],
+        observed: list[assessing.Observed],
+        *,
+        status_written: bool,
+    ) -> None:
+        """Raise the per-compartment Events of this pass, once its writes are done: the
+        transitions from what the CR status and the nodes' status records said before this
+        pass to what it wrote. A failure loses Events, never status: the next pass compares
+        against what this one wrote."""
+        changes = kube_events.compartment_changes(cr, status.compartments, views, observed)
+        if not status_written:
+            # The CR changed meanwhile: its previous status may be stale, and the re-run sees
+            # the same batch transitions again. The node records were written, though, so the
+            # re-run would not see a changed wait again; a wait's Event name does not depend
+            # on the previous status, so raising it now cannot duplicate it.
+            changes = [c for c in changes if c.reason == kube_events.COMPARTMENT_WAITING]
+        if not changes:
+            return
+        bodies = kube_events.for_compartment_changes(
+            cr, changes, at=self.ctx.clock(), instance=self.ctx.identity
+        )
+        if await self._create_events(bodies, "compartment") is not None:
+            _log.warning(
+                "Lost compartment Events",
+                extra={"nodewright": cr.metadata.name, "events": len(bodies)},
+            )
+            return
+        _log.info(
+            "Reported compartment changes",
+            extra={
+                "nodewright": cr.metadata.name,
+                "reasons": sorted({c.reason for c in changes}),
+            },
+        )
 
     async def _on_event(
         self, event: events.AnyEvent, delivery: streaming.Delivery
