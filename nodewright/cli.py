@@ -5,7 +5,7 @@ Subcommands:
   events    follow the event stream, decoded.
   plan      dry run of a rollout's batches; reset-batches starts them over.
   node      look at a node and recover it: status, retry, reset, ignore, unignore.
-  package   rerun a package (or one stage of it) on a node.
+  package   validate a package directory; rerun a package (or one stage of it) on a node.
 
 Each subcommand lives in its own module; this one only parses arguments and dispatches.
 """

@@ -1,6 +1,12 @@
-"""``nodewright package rerun NAME --node NODE [--nodewright CR] [--stage STAGE]``.
+"""``nodewright package validate DIR [-o json]`` and ``nodewright package rerun NAME --node
+NODE [--nodewright CR] [--stage STAGE]``.
 
-Asks the executor, through a recovery request on the node (see ``nodewright.node_cmd`` and
+``validate`` checks a package directory before it is built into an image and published,
+with the agent's own rules (``agent.validate``: the same check the agent runs before every
+mode), and lists every problem, each naming its file or JSON path. Exit 0 when the package is
+valid, 3 when it is not (the agent's exit code for an invalid package).
+
+``rerun`` asks the executor, through a recovery request on the node (see ``nodewright.node_cmd`` and
 docs/recovery.md), to run one package's cycle again on one node — or only one stage of it
 and the stages after it — and says what will run. A finished node goes back through
 admission and its drain first, within the rollout's budget. Deciding is the executor's job.
@@ -9,8 +15,12 @@ admission and its drain first, within the rollout's budget. Deciding is the exec
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from typing import Any
 
+from agent.errors import ExitCode
+from agent.validate import validate_package_dir
 from nodewright import node_cmd
 from nodewright.node_cmd import CommandError
 from shared import nodestate, progress
@@ -20,6 +30,11 @@ from shared.kube import Kube
 def add_parser(sub: Any) -> None:
     package = sub.add_parser("package", help="act on one package on one node")
     verbs = package.add_subparsers(dest="verb", required=True)
+    text = "check a package directory before it is published"
+    v = verbs.add_parser("validate", help=text, description=text)
+    v.add_argument("package_dir", metavar="DIR", help="the package directory (with config.json)")
+    v.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    v.set_defaults(handler=run_validate)
     text = "run a package's cycle (or one stage of it) again on a node"
     p = verbs.add_parser("rerun", help=text, description=text)
     p.add_argument("name", help="package name")
@@ -82,3 +97,17 @@ def run(args: argparse.Namespace) -> int:
         await rerun(client, args)
 
     return node_cmd.execute(args, command)
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    problems = validate_package_dir(args.package_dir)
+    if args.output == "json":
+        doc = {"package_dir": args.package_dir, "ok": not problems, "problems": problems}
+        print(json.dumps(doc, indent=2), flush=True)
+    elif problems:
+        print(f"{args.package_dir}: {len(problems)} problems", file=sys.stderr)
+        for problem in problems:
+            print(f"  {problem}", file=sys.stderr)
+    else:
+        print(f"{args.package_dir}: valid", flush=True)
+    return int(ExitCode.OK if not problems else ExitCode.INVALID_PACKAGE)

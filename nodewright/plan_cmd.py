@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -82,6 +83,17 @@ async def plan_for(kube: Kube, name: str, now: datetime) -> dict[str, Any]:
         except Exception as exc:
             raise LookupError(f"DeploymentPolicy {cr.spec.deployment_policy}: {exc}") from exc
     nodes = (await kube.get(path_of(plural="nodes")))["items"]
+    return document(cr, policy, nodes, now)
+
+
+def document(
+    cr: api.NodeWright,
+    policy: api.DeploymentPolicy | None,
+    nodes: Sequence[Mapping[str, Any]],
+    now: datetime,
+) -> dict[str, Any]:
+    """The plan document of ``cr`` over the Node objects ``nodes``: pure, no I/O."""
+    name = cr.metadata.name
     facts = [progress.facts(n, name) for n in nodes]
     book = progress.read_batch_book(cr.metadata.annotations)
     batches, first = planner.simulate(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 from agent.validate import validate_package_dir
@@ -92,3 +95,49 @@ def test_root_must_be_a_directory(tmp_path: Path) -> None:
 
 def test_a_missing_directory_is_reported(tmp_path: Path) -> None:
     assert validate_package_dir(tmp_path / "nope") == [f"{tmp_path / 'nope'}: not a directory"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``nodewright package validate`` as a user runs it: a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "nodewright.cli", "package", "validate", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,
+    )
+
+
+def test_the_cli_says_the_example_package_is_valid() -> None:
+    pkg = str(REPO / "examples" / "packages" / "sysctl-tuning")
+
+    done = _cli(pkg)
+
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"{pkg}: valid\n", "")
+
+
+def test_the_cli_lists_every_problem_and_exits_3(tmp_path: Path) -> None:
+    pkg = write_package(tmp_path, stages=STAGES)
+
+    done = _cli(str(pkg))
+
+    assert done.returncode == 3
+    lines = done.stderr.splitlines()
+    assert lines[0] == f"{pkg}: 2 problems"
+    assert lines[1].startswith(f"  {pkg}/steps/apply.sh: file not found")
+    assert lines[2].startswith(f"  {pkg}/steps/checks/check.sh: file not found")
+    assert done.stdout == ""
+
+
+def test_the_cli_json_output_is_for_tools(tmp_path: Path) -> None:
+    pkg = write_package(tmp_path, stages=STAGES, scripts={"checks/check.sh": sh("true")})
+
+    done = _cli(str(pkg), "-o", "json")
+
+    assert done.returncode == 3
+    doc = json.loads(done.stdout)
+    assert doc["package_dir"] == str(pkg)
+    assert doc["ok"] is False
+    assert doc["problems"] == validate_package_dir(pkg)
+    assert len(doc["problems"]) == 1
