@@ -830,6 +830,20 @@ class CompartmentStatus(_Model, frozen=True, kw_only=True):
     """completeNodes * 100 / matchedNodes, rounded down."""
     batch: BatchState = msgspec.field(default_factory=BatchState)
     """Batch state of the compartment."""
+    waiting_reason: Annotated[
+        str,
+        _pattern(
+            _optional(REASON_RE),
+            "waitingReason must be CamelCase, e.g. WaitingForWindow",
+            max_length=128,
+        ),
+    ] = ""
+    """Why the compartment starts no node although nodes wait for it, e.g. WaitingForWindow,
+    Paused, WaitingForPriority, BudgetExhausted, ClusterBudgetExhausted,
+    SharedBudgetExhausted; empty while it is not held back (waiting for the batch in flight
+    is no reason). A stop is batch.stopped."""
+    waiting_message: Message = ""
+    """The waiting reason in words, with how many nodes wait and one of them."""
 
 
 class NodeDetail(_Model, frozen=True, kw_only=True):

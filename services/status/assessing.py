@@ -443,3 +443,83 @@ def assess(
             )
         )
     return views
+
+
+# ---- why a compartment waits ---------------------------------------------------------------
+#
+# Shared by the compartment status (services.status.core) and the CompartmentWaiting Events
+# (services.status.kube_events), so the two cannot tell different stories.
+
+COMPARTMENT_WAIT_REASONS: Final = (
+    progress.DISABLED,
+    progress.PAUSED,
+    progress.WAITING_FOR_PRIORITY,
+    progress.WAITING_FOR_WINDOW,
+    progress.BUDGET_EXHAUSTED,
+    progress.CLUSTER_BUDGET_EXHAUSTED,
+    progress.SHARED_BUDGET_EXHAUSTED,
+)
+"""Why a compartment starts nothing although nodes wait, the first that holds winning. A stop
+has its own fields and Event (CompartmentStopped); waiting for the batch in flight is the
+normal course of a rollout and is no reason; a NotReady node holds back only itself."""
+
+
+@dataclass(frozen=True)
+class PendingWait:
+    """A target node not admitted yet that waits, with the reason it gives."""
+
+    name: str
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class CompartmentWait:
+    """The wait that holds a compartment back."""
+
+    code: str
+    """One of :data:`COMPARTMENT_WAIT_REASONS`."""
+    message: str
+    """The reason's message of :attr:`example`."""
+    example: str
+    """The first node by name that waits for this reason."""
+    nodes: int
+    """How many of the nodes looked at wait for this reason."""
+
+
+def batch_in_flight(entry: progress.CompartmentBatch | None) -> frozenset[str] | None:
+    """The nodes of the compartment's batch in flight; ``None`` between batches."""
+    if entry is None or entry.state.batch_size == 0 or not entry.nodes:
+        return None
+    return frozenset(entry.nodes)
+
+
+def waiting_to_start(members: Sequence[NodeView]) -> list[NodeView]:
+    """The members the scheduler has not admitted that wait."""
+    return [v for v in members if v.facts.selection is None and v.phase == "Waiting"]
+
+
+def compartment_wait(
+    pending: Sequence[PendingWait], batch_nodes: frozenset[str] | None
+) -> CompartmentWait | None:
+    """The wait that holds the compartment back: with a batch in flight (``batch_nodes``), a
+    wait of one of its members not admitted yet; between batches, a wait of any node. The
+    first of :data:`COMPARTMENT_WAIT_REASONS` that holds."""
+    relevant = [p for p in pending if batch_nodes is None or p.name in batch_nodes]
+    for code in COMPARTMENT_WAIT_REASONS:
+        hits = sorted((p for p in relevant if p.code == code), key=lambda p: p.name)
+        if hits:
+            return CompartmentWait(
+                code=code, message=hits[0].message, example=hits[0].name, nodes=len(hits)
+            )
+    return None
+
+
+def wait_of(
+    members: Sequence[NodeView], entry: progress.CompartmentBatch | None
+) -> CompartmentWait | None:
+    """Why the compartment of ``members`` (whose batch book entry is ``entry``) waits now."""
+    pending = [
+        PendingWait(v.name, v.reason.code, v.reason.message) for v in waiting_to_start(members)
+    ]
+    return compartment_wait(pending, batch_in_flight(entry))

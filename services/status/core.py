@@ -215,6 +215,7 @@ def _compartments(
         complete = states.count("Complete")
         matched = sum(1 for c in assigned.values() if c == name)
         entry = book.compartments.get(name)
+        wait = assessing.wait_of(nodes, entry)
         out.append(
             api.CompartmentStatus(
                 name=name[:63] or assessing.DEFAULT_COMPARTMENT,
@@ -225,6 +226,12 @@ def _compartments(
                 failed_nodes=states.count("Failed"),
                 progress_percent=complete * 100 // len(nodes) if nodes else 0,
                 batch=entry.state if entry is not None else api.BatchState(),
+                waiting_reason=wait.code if wait is not None else "",
+                waiting_message=assessing.truncate(
+                    f"{wait.message} ({wait.nodes} nodes, e.g. {wait.example})", 1024
+                )
+                if wait is not None
+                else "",
             )
         )
     return out

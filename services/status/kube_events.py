@@ -382,19 +382,6 @@ ANNOTATION_SUCCEEDED: Final = f"{nodestate.DOMAIN}/succeeded"
 ANNOTATION_FAILED: Final = f"{nodestate.DOMAIN}/failed"
 ANNOTATION_WAITING: Final = f"{nodestate.DOMAIN}/waiting-reason"
 
-WAITING_REASONS: Final = (
-    progress.DISABLED,
-    progress.PAUSED,
-    progress.WAITING_FOR_PRIORITY,
-    progress.WAITING_FOR_WINDOW,
-    progress.BUDGET_EXHAUSTED,
-    progress.CLUSTER_BUDGET_EXHAUSTED,
-    progress.SHARED_BUDGET_EXHAUSTED,
-)
-"""Why a compartment starts nothing although nodes wait, the first that holds winning. A stop
-has its own Event (CompartmentStopped); waiting for the batch in flight is the normal course
-of a rollout and raises none; a NotReady node holds back only itself."""
-
 _NAMED_NODES: Final = 5
 """Nodes a BatchStarted Event names; the others are counted."""
 
@@ -415,15 +402,6 @@ class CompartmentChange:
     annotations: Mapping[str, str]
 
 
-@dataclass(frozen=True)
-class _Pending:
-    """A target node not admitted yet that waits, with the reason it gives."""
-
-    name: str
-    code: str
-    message: str
-
-
 def _epoch(cr: api.NodeWright, book: progress.BatchBook) -> str:
     """What a batch number is unique within: the NodeWright object, the target its nodes move
     to, and the last batch-state reset by command (the other resets come with a new target,
@@ -431,20 +409,6 @@ def _epoch(cr: api.NodeWright, book: progress.BatchBook) -> str:
     return (
         f"{cr.metadata.uid or cr.metadata.name}\0{progress.target_digest(cr)}\0{book.reset_token}"
     )
-
-
-def _wait_reason(
-    pending: Sequence[_Pending], batch_nodes: frozenset[str] | None
-) -> _Pending | None:
-    """The wait that holds the compartment back: with a batch in flight (``batch_nodes``), a
-    wait of one of its members not admitted yet; between batches, a wait of any node. The
-    first of :data:`WAITING_REASONS` that holds; its example is the first such node by name."""
-    relevant = [p for p in pending if batch_nodes is None or p.name in batch_nodes]
-    for code in WAITING_REASONS:
-        hits = sorted((p for p in relevant if p.code == code), key=lambda p: p.name)
-        if hits:
-            return hits[0]
-    return None
 
 
 def _node_names(names: Sequence[str]) -> str:
@@ -474,7 +438,8 @@ def compartment_changes(
       was reset on completion;
     - CompartmentStopped (Warning): the failure threshold was reached;
     - CompartmentWaiting: the reason the compartment starts nothing changed to one of
-      :data:`WAITING_REASONS` (no Event when the wait ends: the next BatchStarted says so);
+      ``assessing.COMPARTMENT_WAIT_REASONS`` (no Event when the wait ends: the next
+      BatchStarted says so);
     - CompartmentCompleted: every node of the compartment is complete.
 
     Pure; ordered by compartment, then as :data:`COMPARTMENT_REASONS`."""
@@ -632,31 +597,24 @@ def _waiting_changes(
 ) -> list[CompartmentChange]:
     comp = cur.name
     c = cur.batch
-    in_flight = c.batch_size > 0 and entry is not None and bool(entry.nodes)
-    batch_nodes = frozenset(entry.nodes) if in_flight and entry is not None else None
-    waiting = [v for v in members if v.facts.selection is None and v.phase == "Waiting"]
-    now = _wait_reason(
-        [_Pending(v.name, v.reason.code, v.reason.message) for v in waiting], batch_nodes
-    )
+    batch_nodes = assessing.batch_in_flight(entry)
+    in_flight = batch_nodes is not None
+    waiting = assessing.waiting_to_start(members)
+    now = assessing.wait_of(members, entry)
     if now is None:
         return []
     # The reason the previous pass gave, judged the same way when it was about the same batch
     # (otherwise unknown: the Event name keeps a repeat from doing anything).
-    before: _Pending | None = None
+    before: assessing.CompartmentWait | None = None
     if prev.batch.current_batch == c.current_batch and (prev.batch.batch_size > 0) == in_flight:
         earlier = []
         for v in waiting:
             rec = records.get(v.name)
             if rec is not None and rec.phase == "Waiting" and rec.reason is not None:
-                earlier.append(_Pending(v.name, rec.reason.code, rec.reason.message))
-        before = _wait_reason(earlier, batch_nodes)
+                earlier.append(assessing.PendingWait(v.name, rec.reason.code, rec.reason.message))
+        before = assessing.compartment_wait(earlier, batch_nodes)
     if before is not None and before.code == now.code:
         return []
-    count = sum(
-        1
-        for v in waiting
-        if v.reason.code == now.code and (batch_nodes is None or v.name in batch_nodes)
-    )
     when = f"batch {c.current_batch} in flight" if in_flight else f"before batch {c.current_batch}"
     return [
         CompartmentChange(
@@ -665,7 +623,7 @@ def _waiting_changes(
             type_="Normal",
             message=_truncate(
                 f"NodeWright {name}: compartment {comp} waits ({when}): {now.code}: "
-                f"{now.message} ({count} nodes, e.g. {now.name})"
+                f"{now.message} ({now.nodes} nodes, e.g. {now.example})"
             ),
             key=f"{epoch}\0{comp}\0waiting\0{c.current_batch}\0{in_flight}\0{now.code}",
             annotations={

@@ -321,6 +321,7 @@ def test_a_reset_by_command_starts_batch_one_again_under_a_new_event_name() -> N
 def test_a_wait_is_reported_when_its_reason_changes_and_not_while_it_lasts() -> None:
     w = _world("a", "b")
     assert w.step() == [], "waiting for the first batch is no news"
+    assert w.cr.status.compartments[0].waiting_reason == ""
     w.annotate(api.PAUSE_ANNOTATION, "true")
     (paused,) = w.step()
     assert (paused.reason, paused.type_) == ("CompartmentWaiting", "Normal")
@@ -329,6 +330,11 @@ def test_a_wait_is_reported_when_its_reason_changes_and_not_while_it_lasts() -> 
         "the NodeWright is paused (2 nodes, e.g. a)"
     )
     assert paused.annotations[kube_events.ANNOTATION_WAITING] == "Paused"
+    (comp,) = w.cr.status.compartments
+    assert (comp.waiting_reason, comp.waiting_message) == (
+        "Paused",
+        "the NodeWright is paused (2 nodes, e.g. a)",
+    ), "the status says the same as the Event"
     assert w.step() == [], "still paused: nothing new"
     w.annotate(api.DISABLE_ANNOTATION, "true")
     (disabled,) = w.step()
@@ -362,6 +368,10 @@ def test_a_closed_window_and_a_full_budget_hold_a_compartment_back() -> None:
         ("night", "CompartmentWaiting", "Normal", "1"),
     ]
     assert all("WaitingForWindow: outside every maintenance window" in c.message for c in changes)
+    assert {c.name: (c.waiting_reason, c.waiting_message) for c in w.cr.status.compartments} == {
+        DEFAULT: ("WaitingForWindow", "outside every maintenance window (1 nodes, e.g. a)"),
+        "night": ("WaitingForWindow", "outside every maintenance window (1 nodes, e.g. n1)"),
+    }
     # A node cordoned by someone else holds the only slot once the window is open.
     w.policy = msgspec.structs.replace(
         policy, spec=msgspec.structs.replace(policy.spec, maintenance_windows=[])
@@ -389,6 +399,8 @@ def test_waiting_for_the_batch_in_flight_or_a_full_budget_during_it_is_no_news()
         "c": "BudgetExhausted",
     }, "the premise: the others say the budget is full"
     assert w.step() == []
+    (comp,) = w.cr.status.compartments
+    assert comp.waiting_reason == "", "waiting for the batch in flight is no reason"
 
 
 # ---- per compartment, names, bodies ----------------------------------------------------------
