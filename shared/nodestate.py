@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 import msgspec
 
@@ -202,6 +202,17 @@ class Requests(_Record, frozen=True, kw_only=True, omit_defaults=True):
     def after(self, honoured: int) -> tuple[Request, ...]:
         """The requests newer than ``honoured``, oldest first."""
         return tuple(r for r in self.requests if r.seq > honoured)
+
+
+REBOOT_REQUESTER: Final = "nodewright-scheduler (reapplyOnReboot) boot"
+"""``Request.by`` of the reset a reboot causes (``spec.reapplyOnReboot``), followed by the new
+boot ID: one per boot. The scheduler writes it; the validator reads it to taint the node
+again (``autoTaintNewNodes``) until its packages are applied again."""
+
+
+def reboot_requester(boot_id: str) -> str:
+    """``Request.by`` of the reset the scheduler asks for after the node booted ``boot_id``."""
+    return f"{REBOOT_REQUESTER} {boot_id}"
 
 
 RERUN_STAGES = ("apply", "upgrade", "config", "post-interrupt")

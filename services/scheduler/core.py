@@ -134,7 +134,7 @@ def cleanup_patch(node: Mapping[str, Any], cr: str) -> dict[str, Any] | None:
     return {"metadata": meta}
 
 
-REBOOT_REQUESTER: Final = "nodewright-scheduler (reapplyOnReboot) boot"
+REBOOT_REQUESTER: Final = nodestate.REBOOT_REQUESTER
 """``Request.by`` of the reset a reboot causes, followed by the new boot ID: one per boot."""
 
 
@@ -155,7 +155,7 @@ def reboot_reset(
         return None
     if progress.turn(cr, node) != "done":
         return None
-    by = f"{REBOOT_REQUESTER} {node.boot_id}"
+    by = nodestate.reboot_requester(node.boot_id)
     if any(r.by == by for r in requests.requests):
         return None
     return nodestate.add_request(requests, nodestate.Request(seq=0, action="reset", at=now, by=by))

@@ -18,7 +18,8 @@ For one (NodeWright, node) pair:
   ignored, is not tainted already and was never auto-tainted before. The mark
   :data:`AUTO_TAINTED` written with the taint makes that once per node, ever; a node whose
   tainting NodeWright is gone loses the taint once no other runtime-required NodeWright
-  needs it (:func:`lift_orphaned_taint`);
+  needs it (:func:`lift_orphaned_taint`); with ``reapplyOnReboot`` too, a node that rebooted
+  is tainted again, once per boot, until its packages are applied again;
 - a verdict is about one attempt of a stage: once the executor runs the stage again (a
   retry or rerun), the old verdict is dropped and the new attempt gets its own check;
 - recovery requests (``shared.nodestate.Request``) newer than the record's ``honoured``
@@ -59,6 +60,11 @@ READINESS_TAINT: Final[Mapping[str, str]] = MappingProxyType(
 )
 """The taint added to new nodes: keeps workloads off, NodeWright's own pods tolerate it."""
 
+AUTO_TAINTED_BOOT: Final = f"readiness.{nodestate.VALIDATOR}/auto-tainted-boot"
+"""Node annotation: the boot ID the node was in when the validator last tainted it. With
+``reapplyOnReboot`` a node that rebooted is tainted again, once per boot, until its packages
+are applied again (:func:`auto_taint_due`)."""
+
 _NO_ANNOTATIONS: Final[Mapping[str, str]] = MappingProxyType({})
 
 
@@ -70,7 +76,10 @@ class Decision:
     publish: tuple[events.Event, ...] = ()
     remove_readiness_taint: bool = False
     add_readiness_taint: bool = False
-    """Taint the new node (:data:`READINESS_TAINT`) and mark it (:data:`AUTO_TAINTED`)."""
+    """Taint the node (:data:`READINESS_TAINT`) and mark it (:data:`AUTO_TAINTED`, and
+    :data:`AUTO_TAINTED_BOOT` with :attr:`boot_id`)."""
+    boot_id: str = ""
+    """The node's boot ID when :attr:`add_readiness_taint`."""
     requeue_after: float | None = None
 
 
@@ -259,9 +268,13 @@ def auto_taint_due(
     taints: Iterable[Mapping[str, Any]],
     created: str,
     annotations: Mapping[str, str],
+    boot_id: str = "",
+    requests: Requests | None = None,
+    done: bool = False,
 ) -> bool:
     """The node (its labels, taints, ``creationTimestamp`` and annotations) is new to ``cr``
-    and ``cr`` asks for new nodes to carry the readiness taint.
+    and ``cr`` asks for new nodes to carry the readiness taint — or, with
+    ``reapplyOnReboot`` too, it rebooted since its packages were applied.
 
     New means created no earlier than the NodeWright (timestamps have whole seconds, so a
     node created in the same second counts as new) and without an executor or validator
@@ -269,17 +282,30 @@ def auto_taint_due(
     feature on taints a whole fleet already running workloads. A scheduler or drainer
     record does not count: the scheduler may admit a new node before the taint is added,
     and nothing has changed on the node yet.
+
+    Rebooted (``boot_id``) means the scheduler asked for the reset a reboot causes in this
+    boot (``requests``, see ``nodestate.reboot_requester``), the node is not ``done`` with
+    its packages again yet, and it was not tainted in this boot before (the mark
+    :data:`AUTO_TAINTED_BOOT`): on an ephemeral OS image the host lost NodeWright's changes,
+    so workloads stay off until they are back (the reference's open issue #180).
     """
     spec = cr.spec
     if not (spec.runtime_required and spec.auto_taint_new_nodes):
         return False
     if cr.disabled or cr.metadata.deletion_timestamp is not None:
         return False
-    if AUTO_TAINTED in annotations or has_readiness_taint(taints):
+    if has_readiness_taint(taints):
         return False
     if labels.get(nodestate.IGNORE_LABEL) == "true":
         return False
     if not progress.selector_matches(spec.node_selectors, labels):
+        return False
+    if spec.reapply_on_reboot and boot_id and not done:
+        by = nodestate.reboot_requester(boot_id)
+        rebooted = requests is not None and any(r.by == by for r in requests.requests)
+        if rebooted and annotations.get(AUTO_TAINTED_BOOT) != boot_id:
+            return True
+    if AUTO_TAINTED in annotations:
         return False
     name = cr.metadata.name
     if any(
@@ -378,6 +404,16 @@ def decide(
     # A taint this validator added for ``cr`` goes by the same rule even if ``cr`` stopped
     # being runtimeRequired since: nobody else would ever lift it.
     ours = annotations.get(AUTO_TAINTED) == cr.metadata.name
+    taint = auto_taint_due(
+        cr,
+        labels=node.labels,
+        taints=node.taints,
+        created=node.created,
+        annotations=annotations,
+        boot_id=node.boot_id,
+        requests=requests,
+        done=progress.node_done(cr, node),
+    )
     return Decision(
         record=new if new != record else None,
         create=tuple(w.create),
@@ -386,12 +422,7 @@ def decide(
         remove_readiness_taint=(cr.spec.runtime_required or ours)
         and runtime_required_done
         and has_readiness_taint,
-        add_readiness_taint=auto_taint_due(
-            cr,
-            labels=node.labels,
-            taints=node.taints,
-            created=node.created,
-            annotations=annotations,
-        ),
+        add_readiness_taint=taint,
+        boot_id=node.boot_id if taint else "",
         requeue_after=w.requeue,
     )

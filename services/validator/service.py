@@ -260,6 +260,8 @@ class Validator:
         if decision.add_readiness_taint:
             # The mark goes with the taint, in the same write: a node is never tainted twice.
             annotations[core.AUTO_TAINTED] = cr
+            if decision.boot_id:
+                annotations[core.AUTO_TAINTED_BOOT] = decision.boot_id
             body["spec"] = {"taints": [*taints, dict(core.READINESS_TAINT)]}
         elif decision.remove_readiness_taint:
             body["spec"] = {

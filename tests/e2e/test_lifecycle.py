@@ -24,6 +24,7 @@ import pytest
 
 from nodewright import manifests
 from nodewright.rig import nodes
+from services.validator import core as vcore
 from shared import api, nodestate, pods, progress
 from shared.informer import Informer
 from shared.kube import Kube, path_of
@@ -404,9 +405,23 @@ async def test_reapply_on_reboot_runs_every_package_again_on_a_node_that_reboote
             "dependsOn": {"tuning": "1.0.0"},
         },
     }
-    async with pod_log(kapi, services.namespace) as log:
-        await manifests.apply(kapi, _cr("ephemeral", packages, 1, reapplyOnReboot=True))
+    # runtimeRequired + autoTaintNewNodes: the nodes existed before the NodeWright, so they are
+    # not tainted when it comes, but a rebooted one is, until its packages are back.
+    spec = {"reapplyOnReboot": True, "runtimeRequired": True, "autoTaintNewNodes": True}
+
+    async def tainted() -> dict[str, bool]:
+        listed = (await kapi.get(NODES, labelSelector="nodepool=gpu"))["items"]
+        return {
+            n["metadata"]["name"]: any(
+                t.get("key") == TAINT["key"] for t in (n.get("spec") or {}).get("taints") or ()
+            )
+            for n in listed
+        }
+
+    async with pod_log(kapi, services.namespace) as log, Sampler(tainted, 0.1) as taints:
+        await manifests.apply(kapi, _cr("ephemeral", packages, 1, **spec))
         await _wait_done(kapi, "ephemeral", "the install")
+        before_reboot = len(taints.samples)
         mark = len(log.events)
         boot = str(uuid.uuid4())
         await kapi.patch(f"{NODES}/gpu-00/status", {"status": {"nodeInfo": {"bootID": boot}}})
@@ -416,6 +431,18 @@ async def test_reapply_on_reboot_runs_every_package_again_on_a_node_that_reboote
 
         await eventually(reapplied, timeout_s=120, what="gpu-00's packages to run again")
         await _wait_done(kapi, "ephemeral", "the re-apply")
+
+        async def untainted() -> bool:
+            return not any((await tainted()).values())
+
+        await eventually(untainted, what="the taint to leave the re-validated node")
+        await taints.stop()
+    assert before_reboot > 0
+    assert not any(any(t.values()) for t in taints.samples[:before_reboot]), "nodes that existed"
+    assert any(t["gpu-00"] for t in taints.samples[before_reboot:]), "tainted after its reboot"
+    assert not any(t["gpu-01"] for t in taints.samples), "a node that did not reboot"
+    raw = await kapi.get(f"{NODES}/gpu-00")
+    assert raw["metadata"]["annotations"][vcore.AUTO_TAINTED_BOOT] == boot
     assert [(e.package, e.stage) for e in log.created(mark, node="gpu-00", role="stage")] == [
         ("tuning", "apply"),
         ("tuning", "config"),

@@ -1,6 +1,7 @@
 """autoTaintNewNodes: the validator taints only nodes that are new to a runtimeRequired
 NodeWright (created after it, no executor or validator record, not ignored, not tainted),
-marks them so they are never tainted twice, and lifts the taint after validation."""
+marks them so they are never tainted twice, and lifts the taint after validation; with
+reapplyOnReboot a node that rebooted is tainted again, once per boot, until it is done."""
 
 from __future__ import annotations
 
@@ -58,6 +59,8 @@ def _apply(raw: dict[str, Any], d: core.Decision, cr: str = CR) -> dict[str, Any
     taints = list(raw["spec"]["taints"])
     if d.add_readiness_taint:
         annotations[core.AUTO_TAINTED] = cr
+        if d.boot_id:
+            annotations[core.AUTO_TAINTED_BOOT] = d.boot_id
         taints.append(TAINT)
     if d.remove_readiness_taint:
         taints = [t for t in taints if t["key"] != TAINT["key"]]
@@ -226,3 +229,111 @@ def test_the_shell_looks_at_new_nodes_and_at_nodes_carrying_its_taint() -> None:
     assert keys(tainted, []) == [("gone", "n1")]
     lifted = _node(AFTER, annotations={core.AUTO_TAINTED: CR})
     assert keys(lifted, [cr]) == []
+
+
+# ---- reapplyOnReboot: tainted again after a reboot ------------------------------------------
+
+DONE_EXE = ExecutorRecord(
+    packages={
+        "nvidia-tuned": PackageRecord(
+            version="0.9.0",
+            stage="config",
+            state="succeeded",
+            installed="0.9.0",
+            config=progress.desired(_cr())["nvidia-tuned"].config_digest,
+            updated=T0,
+        )
+    },
+    boot_id="boot-1",
+    honoured=1,
+)
+
+
+def _reboot_requests(boot: str) -> nodestate.Requests:
+    return nodestate.add_request(
+        None,
+        nodestate.Request(seq=0, action="reset", at=T0, by=nodestate.reboot_requester(boot)),
+    )
+
+
+def _rebooted(boot: str = "boot-2", **records: msgspec.Struct) -> dict[str, Any]:
+    """An old node, auto-tainted once when it joined, now in boot ``boot``."""
+    raw: dict[str, Any] = _node(
+        BEFORE,
+        annotations={core.AUTO_TAINTED: CR, core.AUTO_TAINTED_BOOT: "boot-1"},
+        boot_id=boot,
+        records={getattr(nodestate, owner.upper()): rec for owner, rec in records.items()},
+    )
+    return raw
+
+
+def test_a_rebooted_node_is_tainted_again_once_per_boot_until_it_is_done() -> None:
+    cr = _cr(reapplyOnReboot=True)
+    # The scheduler asked for the reset of boot-2; the executor honoured it (no packages).
+    raw = _rebooted(executor=ExecutorRecord(honoured=1))
+    d = _decide(cr, raw, requests=_reboot_requests("boot-2"))
+    assert d.add_readiness_taint
+    assert d.boot_id == "boot-2"
+    raw = _apply(raw, d)
+    assert raw["metadata"]["annotations"][core.AUTO_TAINTED_BOOT] == "boot-2"
+    # Lifted once done, and not tainted again in the same boot.
+    lifted = _decide(cr, raw, requests=_reboot_requests("boot-2"), runtime_required_done=True)
+    assert lifted.remove_readiness_taint
+    raw = _apply(raw, lifted)
+    assert not _decide(cr, raw, requests=_reboot_requests("boot-2")).add_readiness_taint
+    # The next boot is another story.
+    raw["status"]["nodeInfo"]["bootID"] = "boot-3"
+    assert _decide(cr, raw, requests=_reboot_requests("boot-3")).add_readiness_taint
+
+
+@pytest.mark.parametrize(
+    ("cr", "raw", "requests"),
+    [
+        pytest.param(
+            _cr(), _rebooted(executor=ExecutorRecord(honoured=1)), "boot-2", id="no-reapply"
+        ),
+        pytest.param(
+            _cr(reapplyOnReboot=True, autoTaintNewNodes=False),
+            _rebooted(executor=ExecutorRecord(honoured=1)),
+            "boot-2",
+            id="no-auto-taint",
+        ),
+        pytest.param(
+            _cr(reapplyOnReboot=True),
+            _rebooted(executor=ExecutorRecord(honoured=1)),
+            "",
+            id="no-reset-asked",
+        ),
+        pytest.param(
+            _cr(reapplyOnReboot=True),
+            _rebooted(executor=ExecutorRecord(honoured=1)),
+            "boot-1",
+            id="reset-of-an-earlier-boot",
+        ),
+        pytest.param(
+            _cr(reapplyOnReboot=True),
+            _rebooted(
+                "boot-2",
+                executor=DONE_EXE,
+                # Reset honoured (mark 1), then applied and validated again.
+                validator=ValidatorRecord(
+                    validated=progress.target_digest(_cr(reapplyOnReboot=True)), at=T0, honoured=1
+                ),
+            ),
+            "boot-2",
+            id="done-in-this-boot",
+        ),
+    ],
+)
+def test_a_reboot_taints_only_with_reapply_auto_taint_and_the_reset_of_this_boot(
+    cr: api.NodeWright, raw: dict[str, Any], requests: str
+) -> None:
+    reqs = _reboot_requests(requests) if requests else None
+    assert not _decide(cr, raw, requests=reqs).add_readiness_taint
+
+
+def test_the_done_premise_of_the_reboot_cases_holds() -> None:
+    cr = _cr(reapplyOnReboot=True)
+    validated = ValidatorRecord(validated=progress.target_digest(cr), at=T0)
+    facts = progress.facts(_rebooted(executor=DONE_EXE, validator=validated), CR)
+    assert progress.node_done(cr, facts)
