@@ -8,7 +8,9 @@ patch) and node condition (strategic merge patch on ``nodes/<name>/status``), bo
 node's resourceVersion as precondition and through to the cache, and finally, once per pass
 and only if it changed, the CR status (merge patch on ``/status``, also with a
 resourceVersion precondition: a stale pass is refused and re-run). When the CR is gone it
-removes its status records and conditions from the nodes.
+removes its status records and conditions from the nodes. Each pass also replaces the
+NodeWright's Prometheus gauges (``services.status.metrics``) served on ``/metrics``; they go
+with the NodeWright.
 
 Events are nudges: the consumer of ``nw.ev.>`` creates the Kubernetes Events each event
 raises (``services.status.kube_events``) and acks after a status pass of the CR that started
@@ -24,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +34,9 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from prometheus_client import Counter
+from prometheus_client.core import GaugeMetricFamily
 
-from services.status import assessing, core, kube_events
+from services.status import assessing, core, kube_events, metrics
 from services.status.config import Settings
 from shared import api, events, nodestate, progress, runtime, streaming, subjects
 from shared.bus import Bus
@@ -100,6 +103,29 @@ def _slim_node(obj: JSON) -> JSON:
     return obj
 
 
+class NodeWrightGauges:
+    """A Prometheus collector of the NodeWright gauges (:mod:`services.status.metrics`): the
+    samples of each NodeWright's latest status pass, replaced whole by the next one and
+    dropped with the NodeWright, so no series outlives what it describes."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, list[metrics.Sample]] = {}
+        """NodeWright name -> the samples of its latest status pass."""
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        for family in metrics.FAMILIES:
+            yield GaugeMetricFamily(family.name, family.help, labels=family.labels)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        gauges = {g.name: g for g in self.describe()}
+        label_names = {f.name: f.labels for f in metrics.FAMILIES}
+        for name in sorted(self.latest):
+            for sample in self.latest[name]:
+                values = [sample.labels[k] for k in label_names[sample.metric]]
+                gauges[sample.metric].add_metric(values, sample.value)
+        yield from gauges.values()
+
+
 class Status:
     def __init__(self, ctx: runtime.ServiceContext, settings: Settings) -> None:
         self.ctx = ctx
@@ -130,6 +156,8 @@ class Status:
             ["object", "outcome"],
             registry=ctx.registry,
         )
+        self.gauges = NodeWrightGauges()
+        ctx.registry.register(self.gauges)
         new_only = not self.settings.replay_history
         c.consumers.append(
             streaming.Consumer(
@@ -230,10 +258,12 @@ class Status:
     async def reconcile(self, name: str) -> float | None:
         raw = self.crs.get(name)
         if raw is None:
+            self.gauges.latest.pop(name, None)
             return None if await self._clean_up(name) else 0.5
         try:
             cr = api.from_dict(raw, api.NodeWright)
         except msgspec.ValidationError as exc:
+            self.gauges.latest.pop(name, None)
             _log.error("Skipped invalid NodeWright", extra={"nodewright": name, "error": str(exc)})
             return None
         policy = self._policy(cr)
@@ -258,6 +288,7 @@ class Status:
         finally:
             # The status is written once per pass, whatever happened to the node writes.
             status_ok = await self._write_status(name, raw, cr, status)
+        self.gauges.latest[name] = metrics.samples(cr, policy, status, views)
         await self._compartment_events(cr, status, views, observed, status_written=status_ok)
         if not (nodes_ok and status_ok):
             return 0.5

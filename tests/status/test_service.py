@@ -14,10 +14,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import msgspec
 import nats
 import nats.js.errors
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from nodewright.rig import Rig
 from nodewright.rig.nodes import create_nodes, wait_ready
@@ -48,6 +50,8 @@ class Harness:
     settings: Settings
     run: str
     kubeconfig: Path
+    health_port: int = 0
+    """Where the running service serves /healthz, /readyz and /metrics."""
 
     @property
     def cr(self) -> str:
@@ -67,7 +71,7 @@ async def _consumers_exist(bus: Bus) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def running(settings: Settings) -> AsyncIterator[None]:
+async def running(settings: Settings) -> AsyncIterator[runtime.ServiceContext]:
     """The status service in-process, stopped (and checked for a clean exit) afterwards."""
     contexts: list[runtime.ServiceContext] = []
 
@@ -82,7 +86,7 @@ async def running(settings: Settings) -> AsyncIterator[None]:
         await eventually(
             lambda: _started(task, contexts), timeout_s=30, what="the status service to start"
         )
-        yield
+        yield contexts[0]
         # A root task that ends or fails stops the whole service: it must still run.
         assert not task.done(), "the status service stopped during the test"
     finally:
@@ -128,7 +132,8 @@ async def harness(rig: Rig, kapi: Kube, namespace: str) -> AsyncIterator[Harness
         kubeconfig=rig.endpoints.kubeconfig,
     )
     try:
-        async with running(settings):
+        async with running(settings) as ctx:
+            h.health_port = ctx.health_port
             # The consumers start at the stream's end: publish only once they exist.
             await eventually(lambda: _consumers_exist(bus), what="the status consumers")
             yield h
@@ -513,3 +518,134 @@ async def test_deleting_the_nodewright_removes_its_node_status(harness: Harness)
         return await _node_status(h, "r") == (None, None)
 
     await eventually(cleaned, what="the node's status record and condition to go")
+
+
+async def _scrape(h: Harness, cr: str) -> dict[str, float]:
+    """The service's /metrics series of NodeWright ``cr``, as ``name{k=v,...}`` (labels
+    sorted) -> value."""
+    url = f"http://127.0.0.1:{h.health_port}/metrics"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        assert response.status == 200
+        text = await response.text()
+    return {
+        _series(s.name, s.labels): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.labels.get("nodewright") == cr
+    }
+
+
+def _series(name: str, labels: Mapping[str, str]) -> str:
+    return name + "{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}"
+
+
+async def test_metrics_show_each_nodewright_and_its_series_go_when_it_is_deleted(
+    harness: Harness,
+) -> None:
+    h = harness
+    await _nodes(h, "m1", "m2", labels={"pool": "gpu"})
+    cr = await _nodewright(h, interruptionBudget={"count": 1})
+    other = f"{h.cr}-other"
+    await h.kapi.create(
+        NODEWRIGHTS,
+        {
+            "apiVersion": api.API_VERSION,
+            "kind": "NodeWright",
+            "metadata": {"name": other},
+            "spec": {
+                "nodeSelectors": {"matchLabels": {RUN_LABEL: h.run, "pool": "cpu"}},
+                "packages": {"nvidia-tuned": PACKAGE},
+            },
+        },
+    )
+    try:
+        await _records(h, "m1", _complete(cr))
+        nw = {"nodewright": h.cr}
+        pkg = {**nw, "package": "nvidia-tuned", "version": "0.9.0"}
+        rollout = {**nw, "policy": "none", "compartment": "__default__", "strategy": "none"}
+        expected = {
+            **{
+                _series("nodewright_status", {**nw, "status": state}): float(state == "Waiting")
+                for state in (
+                    "Unknown",
+                    "Waiting",
+                    "InProgress",
+                    "Complete",
+                    "Failed",
+                    "Blocked",
+                    "Stopped",
+                    "Paused",
+                    "Disabled",
+                )
+            },
+            **{
+                _series("nodewright_node_status_count", {**nw, "status": state}): count
+                for state, count in (
+                    ("Waiting", 1.0),
+                    ("InProgress", 0.0),
+                    ("Complete", 1.0),
+                    ("Failed", 0.0),
+                    ("Blocked", 0.0),
+                )
+            },
+            _series("nodewright_node_target_count", nw): 2.0,
+            **{
+                _series("nodewright_package_state_count", {**pkg, "state": state}): count
+                for state, count in (
+                    ("complete", 1.0),
+                    ("in_progress", 0.0),
+                    ("failed", 0.0),
+                    ("uninstalling", 0.0),
+                )
+            },
+            **{
+                _series("nodewright_package_stage_count", {**pkg, "stage": stage}): float(
+                    stage == "config"
+                )
+                for stage in (
+                    "apply",
+                    "upgrade",
+                    "config",
+                    "interrupt",
+                    "post-interrupt",
+                    "uninstall",
+                )
+            },
+            _series("nodewright_package_restarts_count", pkg): 0.0,
+            **{
+                _series(f"nodewright_rollout_{name}", rollout): value
+                for name, value in (
+                    ("matched_nodes", 2.0),
+                    ("budget_nodes", 1.0),
+                    ("in_progress", 0.0),
+                    ("completed", 1.0),
+                    ("failed", 0.0),
+                    ("progress_percent", 50.0),
+                    ("current_batch", 1.0),
+                    ("consecutive_failed_batches", 0.0),
+                    ("stopped", 0.0),
+                )
+            },
+        }
+        complete = _series("nodewright_node_status_count", {**nw, "status": "Complete"})
+
+        async def one_complete() -> dict[str, float] | None:
+            scraped = await _scrape(h, h.cr)
+            return scraped if scraped.get(complete) == 1.0 else None
+
+        assert await eventually(one_complete, what="the metrics to count 1 complete node") == (
+            expected
+        )
+        target = _series("nodewright_node_target_count", {"nodewright": other})
+        assert (await _scrape(h, other))[target] == 0.0
+
+        await h.kapi.delete(f"{NODEWRIGHTS}/{h.cr}")
+
+        async def gone() -> bool:
+            return await _scrape(h, h.cr) == {}
+
+        await eventually(gone, what="the deleted NodeWright's series to go")
+        # The other NodeWright's series stay.
+        assert (await _scrape(h, other))[target] == 0.0
+    finally:
+        await _delete(h.kapi, f"{NODEWRIGHTS}/{other}")
