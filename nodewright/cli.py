@@ -4,8 +4,14 @@ Subcommands:
   sandbox   run NodeWright locally on simulated nodes, with a live view of a rollout.
   events    follow the event stream, decoded.
   plan      dry run of a rollout's batches; reset-batches starts them over.
-  node      look at a node and recover it: status, retry, reset, ignore, unignore.
-  package   validate a package directory; rerun a package (or one stage of it) on a node.
+  pause     pause a NodeWright (nothing new starts, work in progress finishes); resume.
+  disable   disable a NodeWright (it is skipped until enabled); enable.
+  node      list a NodeWright's nodes; look at a node and recover it: status, retry,
+            reset, ignore, unignore.
+  package   validate a package directory; a package's status on each node and its pods'
+            logs; rerun a package (or one stage of it) on a node.
+
+docs/cli.md describes every command.
 
 Each subcommand lives in its own module; this one only parses arguments and dispatches.
 """
@@ -16,7 +22,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from nodewright import events_cmd, node_cmd, package_cmd, plan_cmd, sandbox
+from nodewright import events_cmd, lifecycle_cmd, node_cmd, package_cmd, plan_cmd, sandbox
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox.add_parser(sub)
     events_cmd.add_parser(sub)
     plan_cmd.add_parser(sub)
+    lifecycle_cmd.add_parser(sub)
     node_cmd.add_parser(sub)
     package_cmd.add_parser(sub)
     return parser

@@ -1,12 +1,14 @@
-"""``nodewright node status|retry|reset|ignore|unignore NODE``: look at and recover a node.
+"""``nodewright node status|retry|reset|ignore|unignore NODE``: look at and recover a node;
+``nodewright node list --nodewright CR``: every target node of a NodeWright, one row each.
 
 Recovery is by request, never by editing the services' records: ``retry`` and ``reset``
 append a :class:`shared.nodestate.Request` to the node's
 ``requests.nodewright.nvidia.com/<cr>`` annotation (a merge patch carrying the node's
 resourceVersion, re-read and re-tried on a conflict), and each service honours it in its
 own record (docs/recovery.md). ``ignore`` / ``unignore`` set or remove the label
-``nodewright.nvidia.com/ignore=true``. ``status`` reads the records through
-``shared.progress.facts``. Every command says what it changed.
+``nodewright.nvidia.com/ignore=true``. ``status`` and ``list`` read the records through
+``shared.progress.facts`` (and ``list`` whose turn it is through ``shared.progress.turn``, as
+``status`` does). Every command says what it changed.
 
 Deciding what a request does on the node is the services' job; this module only writes
 requests and labels and describes what will happen.
@@ -17,10 +19,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
+import json
 import os
 import socket
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -58,7 +61,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: Any) -> None:
-    node = sub.add_parser("node", help="look at and recover one node")
+    node = sub.add_parser("node", help="list a NodeWright's nodes; look at and recover one node")
     verbs = node.add_subparsers(dest="verb", required=True)
     for verb, text in (
         ("status", "show where each NodeWright stands on the node"),
@@ -77,6 +80,12 @@ def add_parser(sub: Any) -> None:
             )
         add_common(p)
         p.set_defaults(handler=run, verb=verb)
+    text = "list a NodeWright's target nodes: phase, turn, reason and packages of each"
+    p = verbs.add_parser("list", help=text, description=text)
+    p.add_argument("--nodewright", required=True, help="the NodeWright")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    add_common(p)
+    p.set_defaults(handler=run, verb="list")
 
 
 # ---- plumbing ---------------------------------------------------------------------------
@@ -335,6 +344,95 @@ def describe(v: CrView, node: dict[str, Any]) -> list[str]:
     return lines
 
 
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain-text table: columns padded to their widest cell, the last one not padded."""
+    widths = [max(len(str(r[i])) for r in (headers, *rows)) for i in range(len(headers) - 1)]
+    return "\n".join(
+        "   ".join([*(str(c).ljust(w) for c, w in zip(r, widths, strict=False)), str(r[-1])])
+        for r in (headers, *rows)
+    )
+
+
+def package_entries(cr: api.NodeWright, f: progress.NodeFacts) -> list[dict[str, Any]]:
+    """Per package the NodeWright wants (or the executor recorded on the node): its version,
+    stage, state and attempt as the executor's record says ("pending" before the first)."""
+    wanted = progress.desired(cr)
+    out: list[dict[str, Any]] = []
+    for name in sorted(set(wanted) | set(f.executor.packages)):
+        r = f.executor.packages.get(name)
+        out.append(
+            {
+                "name": name,
+                "version": r.version if r is not None else wanted[name].version,
+                "stage": r.stage if r is not None else "",
+                "state": r.state if r is not None else "pending",
+                "attempt": r.attempt if r is not None else 0,
+                "installed": r.installed if r is not None else "",
+            }
+        )
+    return out
+
+
+def package_cell(entry: Mapping[str, Any]) -> str:
+    """``name:version stage state`` (``name:version pending`` before the first stage)."""
+    head = f"{entry['name']}:{entry['version']}"
+    if not entry["stage"]:
+        return f"{head} {entry['state']}"
+    again = f" (attempt {entry['attempt']})" if entry["attempt"] > 1 else ""
+    return f"{head} {entry['stage']} {entry['state']}{again}"
+
+
+def list_rows(cr: api.NodeWright, nodes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per target node of ``cr`` (its node selector), sorted by name: pure."""
+    name = cr.metadata.name
+    rows: list[dict[str, Any]] = []
+    targets = [n for n in nodes if progress.selector_matches(cr.spec.node_selectors, _labels(n))]
+    for node in sorted(targets, key=lambda n: str(n["metadata"]["name"])):
+        v = view(node, name, cr)
+        reason = v.status.reason if v.status is not None else None
+        rows.append(
+            {
+                "node": v.facts.name,
+                "phase": v.status.phase if v.status is not None else None,
+                "turn": progress.turn(cr, v.facts),
+                "reason": msgspec.to_builtins(reason) if reason is not None else None,
+                "packages": package_entries(cr, v.facts),
+            }
+        )
+    return rows
+
+
+def render_list(name: str, rows: Sequence[Mapping[str, Any]]) -> str:
+    """The ``node list`` table: NODE PHASE TURN REASON PACKAGES."""
+    if not rows:
+        return f"NodeWright {name} selects no node."
+    cells = [
+        [
+            r["node"],
+            r["phase"] or "-",
+            r["turn"],
+            r["reason"]["code"] if r["reason"] else "-",
+            ", ".join(package_cell(p) for p in r["packages"]) or "-",
+        ]
+        for r in rows
+    ]
+    return table(("NODE", "PHASE", "TURN", "REASON", "PACKAGES"), cells)
+
+
+def _labels(node: Mapping[str, Any]) -> Mapping[str, str]:
+    return (node.get("metadata") or {}).get("labels") or {}
+
+
+async def require_nodewright(client: Kube, name: str) -> api.NodeWright:
+    cr = await get_nodewright(client, name)
+    if cr is None:
+        raise CommandError(
+            f"NodeWright {name} not found (`kubectl get nodewrights` lists them; they are "
+            "cluster-scoped)"
+        )
+    return cr
+
+
 # ---- commands ---------------------------------------------------------------------------
 
 
@@ -371,6 +469,16 @@ async def status(client: Kube, args: argparse.Namespace) -> None:
             + ("; it was cordoned before NodeWright came and stays cordoned" if preexisting else "")
             + ("" if holders else " (someone else cordoned it)")
         )
+
+
+async def list_nodes(client: Kube, args: argparse.Namespace) -> None:
+    cr = await require_nodewright(client, args.nodewright)
+    nodes = (await client.get(path_of(plural="nodes")))["items"]
+    rows = list_rows(cr, nodes)
+    if args.output == "json":
+        _say(json.dumps({"nodewright": args.nodewright, "nodes": rows}, indent=2))
+    else:
+        _say(render_list(args.nodewright, rows))
 
 
 def _ignored(labels: dict[str, str]) -> bool:
@@ -451,6 +559,8 @@ def run(args: argparse.Namespace) -> int:
         match args.verb:
             case "status":
                 await status(client, args)
+            case "list":
+                await list_nodes(client, args)
             case "retry":
                 await retry(client, args)
             case "reset":

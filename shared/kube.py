@@ -97,6 +97,7 @@ class Kube:
         body: Any = None,
         content_type: str = "application/json",
         timeout_s: float | None = None,
+        accept: str = "application/json",
     ) -> Any:
         params = [
             (k, str(v).lower() if isinstance(v, bool) else v) for k, v in (query or {}).items()
@@ -105,7 +106,7 @@ class Kube:
             path,
             method,
             query_params=params,
-            header_params={"Accept": "application/json", "Content-Type": content_type},
+            header_params={"Accept": accept, "Content-Type": content_type},
             body=body,
             auth_settings=["BearerToken"],
             _preload_content=False,
@@ -140,6 +141,25 @@ class Kube:
 
     async def get(self, path: str, **query: str | int | bool) -> JSON:
         return await self.request("GET", path, query=query)
+
+    async def get_text(
+        self,
+        path: str,
+        query: Mapping[str, str | int | bool] | None = None,
+        *,
+        timeout_s: float | None = 30.0,
+    ) -> str:
+        """GET a plain-text answer (a pod's log); an error status raises :class:`ApiError`."""
+        resp = await self._send(
+            "GET", path, query=query, timeout_s=timeout_s, accept="text/plain, application/json"
+        )
+        try:
+            text: str = await resp.text(errors="replace")
+        finally:
+            resp.release()
+        if not 200 <= resp.status <= 299:
+            raise _error(resp.status, resp.reason or "", text)
+        return text
 
     async def create(self, path: str, body: JSON, **query: str | int | bool) -> JSON:
         return await self.request("POST", path, body=body, query=query)

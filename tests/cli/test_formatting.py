@@ -1,0 +1,408 @@
+"""What ``nodewright pause|resume|disable|enable``, ``node list``, ``package status`` and
+``package logs`` print and select, from the pure functions behind them (no I/O): known CRs
+and Node objects in, exact lines out. The same commands run against the API server in
+``test_lifecycle_cmds.py`` and ``test_inspect_cmds.py``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from nodewright import cli, lifecycle_cmd, node_cmd, package_cmd
+from shared import api, nodestate, pods
+from shared.events import Reason
+from shared.nodestate import (
+    CheckRecord,
+    ExecutorRecord,
+    PackageRecord,
+    Selection,
+    StatusRecord,
+    ValidatorRecord,
+)
+from tests.helpers.facts import T0, node, nodewright
+
+PACKAGES = {
+    "tuning": {"version": "1.0.0", "image": "registry.example/tuning"},
+    "driver": {"version": "2.0.0", "image": "registry.example/driver"},
+}
+FAILED = Reason(code="StageFailed", message="pod p exited with code 1")
+
+
+def _cr() -> api.NodeWright:
+    return nodewright(packages=PACKAGES)
+
+
+def _selection() -> Selection:
+    return Selection(
+        generation=1,
+        compartment="__default__",
+        batch=1,
+        selected_at=T0,
+        disruptive=False,
+        target="t",
+    )
+
+
+def _pkg(stage: str, state: Any, *, attempt: int = 1, version: str = "1.0.0") -> PackageRecord:
+    reason = FAILED if state == "failed" else None
+    return PackageRecord(
+        version=version, stage=stage, state=state, attempt=attempt, reason=reason, updated=T0
+    )
+
+
+def _nodes() -> list[dict[str, Any]]:
+    """n-a runs tuning's apply, n-b has nothing yet, n-c failed tuning's apply twice; n-x is
+    not a target (another node pool)."""
+    return [
+        node(
+            "n-c",
+            records={
+                nodestate.SCHEDULER: _selection(),
+                nodestate.EXECUTOR: ExecutorRecord(
+                    packages={"tuning": _pkg("apply", "failed", attempt=2)}
+                ),
+                nodestate.STATUS: StatusRecord(phase="Failed", reason=FAILED, since=T0),
+            },
+        ),
+        node("n-x", labels={"nodepool": "cpu"}),
+        node("n-b"),
+        node(
+            "n-a",
+            records={
+                nodestate.SCHEDULER: _selection(),
+                nodestate.EXECUTOR: ExecutorRecord(packages={"tuning": _pkg("apply", "running")}),
+                nodestate.STATUS: StatusRecord(phase="Running", since=T0),
+            },
+        ),
+    ]
+
+
+# ---- pause, resume, disable, enable -----------------------------------------------------
+
+
+def test_pause_says_what_being_paused_means_and_how_to_undo_it() -> None:
+    lines = lifecycle_cmd.message(
+        "gpu", lifecycle_cmd.SWITCHES["pause"], {api.PAUSE_ANNOTATION: "true"}, changed=True
+    )
+    assert lines == [
+        'Paused NodeWright gpu (set annotation nodewright.nvidia.com/pause: "true"): nothing '
+        "new starts: no batch opens, no node is admitted, no drain or stage starts. Work in "
+        "progress finishes: stage pods already running run to the end and are checked, then "
+        "their nodes wait, keeping their budget slots. It still holds back NodeWrights of a "
+        "later priority (it is not done).",
+        "Undo with `nodewright resume gpu`.",
+    ]
+
+
+def test_disable_says_the_nodewright_is_skipped() -> None:
+    lines = lifecycle_cmd.message(
+        "gpu", lifecycle_cmd.SWITCHES["disable"], {api.DISABLE_ANNOTATION: "true"}, changed=True
+    )
+    assert lines == [
+        'Disabled NodeWright gpu (set annotation nodewright.nvidia.com/disable: "true"): it is '
+        "skipped: nothing starts (no batch, admission, drain, stage or check), stage pods "
+        "already running run to the end; its batch state is kept as it is and finished nodes "
+        "are still released. NodeWrights of a later priority no longer wait for it.",
+        "Undo with `nodewright enable gpu`.",
+    ]
+
+
+def test_resume_of_a_disabled_nodewright_says_it_stays_disabled() -> None:
+    lines = lifecycle_cmd.message(
+        "gpu", lifecycle_cmd.SWITCHES["resume"], {api.DISABLE_ANNOTATION: "true"}, changed=True
+    )
+    assert lines == [
+        'Resumed NodeWright gpu (removed annotation nodewright.nvidia.com/pause: "true"): '
+        "batches open and nodes are admitted again within the budget; waiting drains and "
+        "stages continue where they stopped.",
+        "It is also disabled: nothing starts until `nodewright enable gpu`.",
+    ]
+
+
+def test_enable_of_a_paused_nodewright_says_it_stays_paused() -> None:
+    lines = lifecycle_cmd.message(
+        "gpu", lifecycle_cmd.SWITCHES["enable"], {api.PAUSE_ANNOTATION: "true"}, changed=True
+    )
+    assert lines == [
+        'Enabled NodeWright gpu (removed annotation nodewright.nvidia.com/disable: "true"): '
+        "it rolls out again, from the batch state it was disabled in.",
+        "It is also paused: nothing starts until `nodewright resume gpu`.",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("verb", "state"),
+    [
+        ("pause", "paused"),
+        ("resume", "not paused"),
+        ("disable", "disabled"),
+        ("enable", "not disabled"),
+    ],
+)
+def test_a_switch_already_in_place_changes_nothing(verb: str, state: str) -> None:
+    lines = lifecycle_cmd.message("gpu", lifecycle_cmd.SWITCHES[verb], {}, changed=False)
+    assert lines == [f"NodeWright gpu is already {state}; no change."]
+
+
+@pytest.mark.parametrize(
+    ("annotations", "verb", "on"),
+    [
+        ({api.PAUSE_ANNOTATION: "true"}, "pause", True),
+        ({api.PAUSE_ANNOTATION: "false"}, "pause", False),
+        ({api.PAUSE_ANNOTATION: "True"}, "pause", False),
+        ({api.DISABLE_ANNOTATION: "true"}, "pause", False),
+        ({api.DISABLE_ANNOTATION: "true"}, "enable", True),
+    ],
+)
+def test_a_switch_is_on_exactly_as_the_services_read_it(
+    annotations: dict[str, str], verb: str, on: bool
+) -> None:
+    switch = lifecycle_cmd.SWITCHES[verb]
+    assert lifecycle_cmd.is_on(annotations, switch) is on
+    cr = nodewright(annotations=annotations)
+    reads = cr.paused if switch.annotation == api.PAUSE_ANNOTATION else cr.disabled
+    assert reads is on
+
+
+def test_each_verb_is_a_command_of_the_cli() -> None:
+    for verb, switch in lifecycle_cmd.SWITCHES.items():
+        args = cli.build_parser().parse_args([verb, "gpu", "--kubeconfig", "k"])
+        assert (args.name, args.switch, args.kubeconfig) == ("gpu", switch, "k")
+        assert args.handler is lifecycle_cmd.run
+
+
+# ---- node list --------------------------------------------------------------------------
+
+
+def test_table_pads_every_column_but_the_last() -> None:
+    out = node_cmd.table(("A", "BB", "C"), [["xyz", "1", "last one"], ["x", "22222", "z"]])
+    assert out.splitlines() == [
+        "A     BB      C",
+        "xyz   1       last one",
+        "x     22222   z",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("entry", "cell"),
+    [
+        (
+            {"name": "t", "version": "1", "stage": "", "state": "pending", "attempt": 0},
+            "t:1 pending",
+        ),
+        (
+            {"name": "t", "version": "1", "stage": "apply", "state": "running", "attempt": 1},
+            "t:1 apply running",
+        ),
+        (
+            {"name": "t", "version": "1", "stage": "config", "state": "failed", "attempt": 3},
+            "t:1 config failed (attempt 3)",
+        ),
+    ],
+)
+def test_package_cell(entry: dict[str, Any], cell: str) -> None:
+    assert node_cmd.package_cell(entry) == cell
+
+
+def test_node_list_has_one_row_per_target_node() -> None:
+    rows = node_cmd.list_rows(_cr(), _nodes())
+    assert node_cmd.render_list("gpu-node-tuning", rows).splitlines() == [
+        "NODE   PHASE     TURN        REASON        PACKAGES",
+        "n-a    Running   executor    -             "
+        "driver:2.0.0 pending, tuning:1.0.0 apply running",
+        "n-b    -         scheduler   -             driver:2.0.0 pending, tuning:1.0.0 pending",
+        "n-c    Failed    failed      StageFailed   "
+        "driver:2.0.0 pending, tuning:1.0.0 apply failed (attempt 2)",
+    ]
+
+
+def test_node_list_json_carries_the_records_fields() -> None:
+    rows = node_cmd.list_rows(_cr(), _nodes())
+    assert [r["node"] for r in rows] == ["n-a", "n-b", "n-c"]
+    assert rows[2] == {
+        "node": "n-c",
+        "phase": "Failed",
+        "turn": "failed",
+        "reason": {"code": "StageFailed", "message": "pod p exited with code 1"},
+        "packages": [
+            {
+                "name": "driver",
+                "version": "2.0.0",
+                "stage": "",
+                "state": "pending",
+                "attempt": 0,
+                "installed": "",
+            },
+            {
+                "name": "tuning",
+                "version": "1.0.0",
+                "stage": "apply",
+                "state": "failed",
+                "attempt": 2,
+                "installed": "",
+            },
+        ],
+    }
+    assert rows[1]["phase"] is None
+    assert rows[1]["reason"] is None
+
+
+def test_node_list_of_a_nodewright_without_nodes() -> None:
+    assert node_cmd.render_list("gpu", []) == "NodeWright gpu selects no node."
+
+
+def test_a_package_the_nodewright_no_longer_wants_is_still_listed_as_recorded() -> None:
+    cr = nodewright(packages={"driver": PACKAGES["driver"]})
+    old = node(
+        "n-a",
+        records={
+            nodestate.EXECUTOR: ExecutorRecord(packages={"tuning": _pkg("apply", "succeeded")})
+        },
+    )
+    (row,) = node_cmd.list_rows(cr, [old])
+    cells = [node_cmd.package_cell(p) for p in row["packages"]]
+    assert cells == ["driver:2.0.0 pending", "tuning:1.0.0 apply succeeded"]
+
+
+# ---- package status ---------------------------------------------------------------------
+
+
+def test_package_status_has_one_row_per_target_node() -> None:
+    rows = package_cmd.status_rows(_cr(), "tuning", _nodes())
+    assert package_cmd.render_status(rows).splitlines() == [
+        "NODE   PACKAGE   VERSION   STAGE   STATE     ATTEMPT",
+        "n-a    tuning    1.0.0     apply   running   1",
+        "n-b    tuning    1.0.0     -       pending   -",
+        "n-c    tuning    1.0.0     apply   failed    2",
+    ]
+
+
+def test_package_status_of_named_nodes_only_even_one_that_is_not_a_target() -> None:
+    rows = package_cmd.status_rows(_cr(), "tuning", _nodes(), ["n-x", "n-c"])
+    assert package_cmd.render_status(rows).splitlines() == [
+        "NODE   PACKAGE   VERSION   STAGE   STATE          ATTEMPT",
+        "n-c    tuning    1.0.0     apply   failed         2",
+        "n-x    tuning    1.0.0     -       not a target   -",
+    ]
+
+
+def test_package_status_json_has_the_reason_and_the_current_attempts_check() -> None:
+    done = PackageRecord(
+        version="1.0.0",
+        stage="post-interrupt",
+        state="succeeded",
+        attempt=2,
+        installed="1.0.0",
+        updated=T0,
+    )
+    key = nodestate.check_key("tuning", "1.0.0", "post-interrupt")
+    records: dict[str, msgspec.Struct] = {
+        nodestate.EXECUTOR: ExecutorRecord(packages={"tuning": done}),
+        nodestate.VALIDATOR: ValidatorRecord(
+            checks={key: CheckRecord(verdict="passed", at=T0, attempt=2)}
+        ),
+    }
+    stale: dict[str, msgspec.Struct] = {
+        **records,
+        nodestate.VALIDATOR: ValidatorRecord(
+            checks={key: CheckRecord(verdict="failed", at=T0, attempt=1)}
+        ),
+    }
+    fresh, old = package_cmd.status_rows(
+        _cr(), "tuning", [node("n-1", records=records), node("n-2", records=stale)]
+    )
+    assert fresh == {
+        "node": "n-1",
+        "package": "tuning",
+        "version": "1.0.0",
+        "stage": "post-interrupt",
+        "state": "succeeded",
+        "attempt": 2,
+        "installed": "1.0.0",
+        "reason": None,
+        "check": "passed",
+    }
+    assert old["check"] is None  # a verdict about attempt 1 says nothing about attempt 2
+    (failed,) = package_cmd.status_rows(_cr(), "tuning", _nodes(), ["n-c"])
+    assert failed["reason"] == {"code": "StageFailed", "message": "pod p exited with code 1"}
+
+
+# ---- package logs -----------------------------------------------------------------------
+
+
+def _pod(
+    name: str, *, node: str, package: str = "tuning", stage: str = "apply", role: Any = "stage"
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "labels": pods.labels(cr="gpu", role=role, package=package, stage=stage),
+            "annotations": {pods.ANN_NODE: node, pods.ANN_VERSION: "1.0.0", pods.ANN_ATTEMPT: "2"},
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {"nodeName": node, "containers": [{"name": "agent"}]},
+        "status": {"phase": "Failed"},
+    }
+
+
+def test_the_log_selector_narrows_by_the_executors_labels() -> None:
+    assert package_cmd.log_selector("tuning") == (
+        "app.kubernetes.io/managed-by=nodewright,nodewright.nvidia.com/role in (stage,check),"
+        "nodewright.nvidia.com/package=tuning"
+    )
+    assert package_cmd.log_selector("tuning", nodewright="gpu", stage="config") == (
+        "app.kubernetes.io/managed-by=nodewright,nodewright.nvidia.com/role in (stage,check),"
+        "nodewright.nvidia.com/package=tuning,nodewright.nvidia.com/nodewright=gpu,"
+        "nodewright.nvidia.com/stage=config"
+    )
+
+
+def test_log_pods_are_the_nodes_oldest_first() -> None:
+    later = _pod("b-first-by-name", node="n-1")
+    later["metadata"]["creationTimestamp"] = "2026-01-01T00:00:05Z"
+    listed = [later, _pod("z-older", node="n-1"), _pod("elsewhere", node="n-2")]
+    assert [p.name for p in package_cmd.log_pods(listed, "n-1")] == ["z-older", "b-first-by-name"]
+
+
+def test_a_log_header_names_the_pod_and_what_it_ran() -> None:
+    stage = pods.view(_pod("p1", node="n-1"))
+    check = pods.view(_pod("p2", node="n-1", role="check", stage="config"))
+    assert package_cmd.log_header(stage) == (
+        "==> pod p1: NodeWright gpu, package tuning 1.0.0, stage apply, attempt 2, Failed <=="
+    )
+    assert package_cmd.log_header(check) == (
+        "==> pod p2: NodeWright gpu, package tuning 1.0.0, check of stage config, attempt 2, "
+        "Failed <=="
+    )
+
+
+def test_log_query_tails_only_when_asked() -> None:
+    assert package_cmd.log_query("agent", -1) == {"container": "agent"}
+    assert package_cmd.log_query("agent", 0) == {"container": "agent", "tailLines": 0}
+    assert package_cmd.log_query("agent", 20) == {"container": "agent", "tailLines": 20}
+
+
+def test_log_stages_are_the_stages_package_pods_run() -> None:
+    assert package_cmd.STAGES == ("apply", "upgrade", "config", "post-interrupt", "uninstall")
+    args = cli.build_parser().parse_args(
+        ["package", "logs", "tuning", "--node", "n-1", "--stage", "config", "--tail", "5"]
+    )
+    assert (args.name, args.node, args.stage, args.tail, args.namespace) == (
+        "tuning",
+        "n-1",
+        "config",
+        5,
+        "nodewright-system",
+    )
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["package", "logs", "tuning", "--node", "n", "--stage", "x"])
+
+
+def test_times_are_not_compared_naively() -> None:
+    # log_pods sorts a pod without a creation time first; it must not mix naive and aware.
+    bare = _pod("bare", node="n-1")
+    del bare["metadata"]["creationTimestamp"]
+    dated = _pod("dated", node="n-1")
+    assert [p.name for p in package_cmd.log_pods([dated, bare], "n-1")] == ["bare", "dated"]
