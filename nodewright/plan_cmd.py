@@ -5,7 +5,8 @@
 book, and prints the compartments (strategy, budget, batch state) and the batches the
 rollout will run from the current state, assuming every batch succeeds, with the nodes of
 each (``services.scheduler.planner.simulate``: the same planner the scheduler runs). It
-writes nothing. ``-o json`` prints the same as JSON for tools.
+writes nothing. ``-o json`` prints the same as JSON for tools. :func:`plan_for` does the
+reads; :func:`document` (pure) builds the document and :func:`render` the text.
 
 ``reset-batches`` sets the annotation ``nodewright.nvidia.com/reset-batch-state`` to the
 current time; the scheduler then starts every compartment at batch 1 again (also one that
@@ -19,6 +20,7 @@ import asyncio
 import json
 import os
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -100,6 +102,13 @@ def document(
         cr=cr, policy=policy, nodes=facts, book=book, ctx=planner.Context(now=now)
     )
     windows = policy.spec.maintenance_windows if policy is not None else []
+    # Busy nodes and batch state as they are now (what the status shows), not after the
+    # first simulated decision: the dry run changes nothing.
+    rules = progress.compartment_rules(cr, policy)
+    targets = planner.targets(cr, facts)
+    assigned = progress.assign_compartments(rules, targets)
+    known = {r.name for r in rules}
+    busy = Counter(progress.compartment_of(n, assigned, known) for n in targets if progress.busy(n))
     return {
         "nodewright": name,
         "paused": cr.paused,
@@ -111,8 +120,10 @@ def document(
                 "strategy": c.strategy or "none",
                 "matchedNodes": c.matched,
                 "budgetNodes": c.budget,
-                "busyNodes": c.busy,
-                "batch": msgspec.to_builtins(book.compartments.get(c.name, c.batch).state),
+                "busyNodes": busy[c.name],
+                "batch": msgspec.to_builtins(
+                    book.compartments.get(c.name, progress.CompartmentBatch()).state
+                ),
             }
             for c in first.compartments
         ],

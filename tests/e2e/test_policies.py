@@ -1,7 +1,13 @@
 """Issue 5 end to end, on the real rig with kwok nodes and the five services as processes:
 DeploymentPolicy strategies batch by batch as ``nodewright plan`` predicts, a failing
 compartment that stops alone and resumes after a batch-state reset, a cluster budget
-shared by two NodeWrights, and a maintenance window closing mid-rollout."""
+shared by two NodeWrights, a maintenance window closing mid-rollout, three compartments
+(fixed, linear, exponential) each running its own batch sequence without waiting for the
+others, nodes several compartments select admitted into the safest one (strategy, then
+budget, then name) and counted there in status, priority with ``sequencing: node`` (the
+later NodeWright follows node by node) and ``sequencing: all`` (it waits until the earlier
+one is done everywhere) with ``WaitingForPriority`` in status, and pause (nothing starts,
+status Paused) then unpause."""
 
 from __future__ import annotations
 
@@ -85,16 +91,19 @@ async def _selections(kapi: Kube, cr: str) -> dict[str, nodestate.Selection]:
 
 
 class BatchLog:
-    """Every admission seen: node -> (compartment, batch, selected_at)."""
+    """Every admission seen: node -> (compartment, batch, selected_at); and per probe, the
+    compartments with a node admitted at that moment."""
 
     def __init__(self, kapi: Kube, cr: str) -> None:
         self.kapi, self.cr = kapi, cr
         self.seen: dict[str, tuple[str, int, datetime]] = {}
+        self.at_once: list[frozenset[str]] = []
 
     async def probe(self) -> int:
         sels = await _selections(self.kapi, self.cr)
         for node, sel in sels.items():
             self.seen.setdefault(node, (sel.compartment, sel.batch, sel.selected_at))
+        self.at_once.append(frozenset(sel.compartment for sel in sels.values()))
         return len(sels)
 
     def batches(self) -> dict[tuple[str, int], set[str]]:
@@ -307,3 +316,302 @@ async def test_a_window_closing_mid_rollout_lets_running_nodes_finish_and_starts
     cr = await read_cr(kapi, "win")
     waiting = {d.node: d.reason for d in cr.status.node_details}
     assert set(waiting.values()) == {"WaitingForWindow"}
+
+
+def _started(log: BatchLog, compartment: str, batch: int) -> datetime:
+    """When the first node of a batch was admitted."""
+    return min(at for c, b, at in log.seen.values() if (c, b) == (compartment, batch))
+
+
+async def test_three_compartments_with_their_own_strategies_progress_independently(
+    cluster: Kube, services: Services
+) -> None:
+    kapi = cluster
+    racks = {"a": 4, "b": 6, "c": 7}
+    for rack, count in racks.items():
+        await _nodes(kapi, [f"tri-{rack}{i}" for i in range(count)], nodepool="tri", rack=rack)
+    # Rack c's package stages take four times as long: the other compartments must not wait
+    # for its batches.
+    for i in range(racks["c"]):
+        await kapi.patch(
+            f"{NODES}/tri-c{i}", {"metadata": {"annotations": {f"{SIM}/stage-duration": "4s"}}}
+        )
+
+    def compartment(name: str, rack: str, budget: int, strategy: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "name": name,
+            "selector": {"matchLabels": {"rack": rack}},
+            "budget": {"count": budget},
+            "strategy": strategy,
+        }
+
+    await manifests.apply(
+        kapi,
+        _policy(
+            "tri",
+            {
+                "default": {"budget": {"count": 1}},
+                "compartments": [
+                    compartment("fixed-a", "a", 2, {"fixed": {"batchSize": 2}}),
+                    compartment("linear-b", "b", 3, {"linear": {"initialBatch": 1, "delta": 1}}),
+                    compartment(
+                        "exp-c", "c", 4, {"exponential": {"initialBatch": 1, "growthFactor": 2}}
+                    ),
+                ],
+            },
+        ),
+    )
+    await manifests.apply(kapi, _cr("tri", pool="tri", policy="tri"))
+    doc = await plan_cmd.plan_for(kapi, "tri", datetime.now(UTC))
+    planned = {(b["compartment"], b["batch"]): set(b["nodes"]) for b in doc["batches"]}
+    sizes: dict[str, list[int]] = {}
+    for b in doc["batches"]:
+        sizes.setdefault(b["compartment"], []).append(b["size"])
+    assert sizes == {"fixed-a": [2, 2], "linear-b": [1, 2, 3], "exp-c": [1, 2, 4]}
+    assert {c["name"]: c["matchedNodes"] for c in doc["compartments"]} == {
+        "fixed-a": 4,
+        "linear-b": 6,
+        "exp-c": 7,
+        "__default__": 0,
+    }
+    log = BatchLog(kapi, "tri")
+    await asyncio.to_thread(services.fleet.start_all)
+    async with Sampler(log.probe) as s:
+        await eventually(
+            lambda: _all_done(kapi, "tri"), timeout_s=200, interval_s=1, what="three compartments"
+        )
+        await s.stop()
+    assert log.batches() == planned
+    for comp, count in (("fixed-a", 2), ("linear-b", 3), ("exp-c", 3)):
+        starts = [_started(log, comp, b) for b in range(1, count + 1)]
+        assert starts == sorted(starts), f"{comp}: batches in order"
+    # All three began together, and the fast compartments went on to their last batches while
+    # the slow one was still on its first: no compartment waits for another.
+    assert max(_started(log, c, 1) for c in sizes) < min(_started(log, c, 2) for c in sizes)
+    assert _started(log, "fixed-a", 2) < _started(log, "exp-c", 2)
+    assert _started(log, "linear-b", 3) < _started(log, "exp-c", 2)
+    assert frozenset(sizes) in log.at_once, "nodes of all three compartments in flight at once"
+
+
+async def test_nodes_several_compartments_select_go_to_the_safest(
+    cluster: Kube, services: Services
+) -> None:
+    kapi = cluster
+    # node -> its labels besides nodepool, and the compartment the rule assigns it to.
+    layout: dict[str, tuple[dict[str, str], str]] = {
+        # linear before exponential, though the exponential compartment's budget is smaller
+        "ov-0": ({"rack": "r1", "zone": "z1"}, "beta-lin"),
+        # both linear: the smaller budget (not the name)
+        "ov-1": ({"zone": "z1", "gpu": "yes"}, "gamma-lin"),
+        # both fixed, same budget: the name
+        "ov-2": ({"ssd": "yes", "nvme": "yes"}, "eta-fixed"),
+        # exponential before no strategy, though the latter's name comes first
+        "ov-3": ({"tier": "t1", "rack": "r1"}, "alpha-exp"),
+        # fixed before linear, though the linear compartment's budget and name are smaller
+        "ov-4": ({"zone": "z1", "ssd": "yes"}, "zeta-fixed"),
+        # four compartments: linear, then the smaller budget
+        "ov-5": ({"rack": "r1", "zone": "z1", "gpu": "yes", "tier": "t1"}, "gamma-lin"),
+        # one compartment each, or none
+        "ov-6": ({"tier": "t1"}, "all-none"),
+        "ov-7": ({"zone": "z1"}, "beta-lin"),
+        "ov-8": ({}, "__default__"),
+    }
+    for name, (labels, _) in layout.items():
+        await _nodes(kapi, [name], nodepool="ov", **labels)
+
+    def compartment(
+        name: str, key: str, budget: int, strategy: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        value = {"rack": "r1", "zone": "z1", "tier": "t1"}.get(key, "yes")
+        c: dict[str, Any] = {
+            "name": name,
+            "selector": {"matchLabels": {key: value}},
+            "budget": {"count": budget},
+        }
+        if strategy is not None:
+            c["strategy"] = strategy
+        return c
+
+    linear = {"linear": {"initialBatch": 1, "delta": 1}}
+    fixed = {"fixed": {"batchSize": 4}}
+    await manifests.apply(
+        kapi,
+        _policy(
+            "overlap",
+            {
+                "default": {"budget": {"count": 1}},
+                # Listed in no particular order: the assignment must not depend on it.
+                "compartments": [
+                    compartment("zeta-fixed", "ssd", 4, fixed),
+                    compartment("all-none", "tier", 1, None),
+                    compartment("beta-lin", "zone", 2, linear),
+                    compartment("alpha-exp", "rack", 1, {"exponential": {"initialBatch": 1}}),
+                    compartment("gamma-lin", "gpu", 1, linear),
+                    compartment("eta-fixed", "nvme", 4, fixed),
+                ],
+            },
+        ),
+    )
+    await manifests.apply(kapi, _cr("overlap", pool="ov", policy="overlap"))
+    expected = {name: comp for name, (_, comp) in layout.items()}
+    counts: dict[str, int] = {}
+    for comp in expected.values():
+        counts[comp] = counts.get(comp, 0) + 1
+    doc = await plan_cmd.plan_for(kapi, "overlap", datetime.now(UTC))
+    assert {c["name"]: c["matchedNodes"] for c in doc["compartments"]} == counts
+    log = BatchLog(kapi, "overlap")
+    await asyncio.to_thread(services.fleet.start_all)
+    async with Sampler(log.probe) as s:
+        await eventually(
+            lambda: _all_done(kapi, "overlap"), timeout_s=150, interval_s=1, what="overlap rollout"
+        )
+        await s.stop()
+    assert {node: comp for node, (comp, _, _) in log.seen.items()} == expected
+
+    async def status_counts() -> dict[str, int]:
+        cr = await read_cr(kapi, "overlap")
+        return {c.name: c.matched_nodes for c in cr.status.compartments}
+
+    async def status_agrees() -> bool:
+        return await status_counts() == counts
+
+    await eventually(
+        status_agrees, timeout_s=30, what=f"status.compartments matchedNodes to be {counts}"
+    )
+
+
+async def test_priority_holds_a_later_nodewright_back_per_node_or_everywhere_by_sequencing(
+    cluster: Kube, services: Services
+) -> None:
+    """The sequencing of the NodeWright ahead decides: ``node`` holds the later one back on
+    each node until it is done there, ``all`` on every node until it is done everywhere."""
+    kapi = cluster
+    sn = await _nodes(kapi, [f"sn-{i}" for i in range(3)], nodepool="sn")
+    sa = await _nodes(kapi, [f"sa-{i}" for i in range(3)], nodepool="sa")
+    sx = await _nodes(kapi, ["sx-0"], nodepool="sx")
+    one = {"count": 1}
+    sa_and_sx = {
+        "matchExpressions": [{"key": "nodepool", "operator": "In", "values": ["sa", "sx"]}]
+    }
+    bodies = [
+        _cr("early-node", pool="sn", priority=1, sequencing="node", interruptionBudget=one),
+        _cr("late-node", pool="sn", priority=2, interruptionBudget=one),
+        # early-all does not target sx-0; late-all waits there too.
+        _cr("early-all", pool="sa", priority=3, sequencing="all", interruptionBudget=one),
+        _cr(
+            "late-all",
+            pool="sa",
+            priority=4,
+            nodeSelectors=sa_and_sx,
+            interruptionBudget={"count": 4},
+        ),
+    ]
+    for body in bodies:
+        await manifests.apply(kapi, body)
+    crs = {b["metadata"]["name"]: await read_cr(kapi, b["metadata"]["name"]) for b in bodies}
+    targets = {"early-node": sn, "late-node": sn, "early-all": sa, "late-all": sa + sx}
+
+    Turns = dict[tuple[str, str], str]
+    Details = dict[tuple[str, str], tuple[str, str]]
+
+    async def probe() -> tuple[Turns, Details]:
+        listed = {n["metadata"]["name"]: n for n in (await kapi.get(NODES))["items"]}
+        turns: Turns = {
+            (cr, node): progress.turn(crs[cr], progress.facts(listed[node], cr))
+            for cr, names in targets.items()
+            for node in names
+        }
+        details: Details = {}
+        for cr in ("late-node", "late-all"):
+            status = (await read_cr(kapi, cr)).status
+            for d in status.node_details:
+                details[(cr, d.node)] = (d.reason, d.message)
+        return turns, details
+
+    await asyncio.to_thread(services.fleet.start_all)
+    async with Sampler(probe) as s:
+
+        async def all_done() -> bool:
+            return all([await _all_done(kapi, cr) for cr in crs])
+
+        await eventually(all_done, timeout_s=200, interval_s=1, what="four rollouts")
+        await s.stop()
+    samples: list[tuple[Turns, Details]] = s.samples
+    assert len(samples) > 50
+
+    def started(turns: Turns, cr: str, node: str) -> bool:
+        return turns[(cr, node)] != "scheduler"
+
+    for turns, _ in samples:
+        for node in sn:
+            if started(turns, "late-node", node):
+                assert turns[("early-node", node)] == "done", f"late-node started on {node} early"
+        if any(started(turns, "late-all", node) for node in sa + sx):
+            assert all(turns[("early-all", node)] == "done" for node in sa), (
+                "late-all started before early-all was done on all its nodes"
+            )
+    # sequencing node: the later one ran on a node while the earlier one was busy on another.
+    assert any(
+        any(started(t, "late-node", n) for n in sn)
+        and any(t[("early-node", n)] != "done" for n in sn)
+        for t, _ in samples
+    )
+    # sequencing all: the earlier one was done on some nodes and the later one waited there.
+    assert any(
+        any(t[("early-all", n)] == "done" for n in sa)
+        and not all(t[("early-all", n)] == "done" for n in sa)
+        for t, _ in samples
+    )
+    waited: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    for _, details in samples:
+        for key, detail in details.items():
+            waited.setdefault(key, set()).add(detail)
+    for cr, ahead, nodes_ in (("late-node", "early-node", sn), ("late-all", "early-all", sa + sx)):
+        for node in nodes_:
+            assert (
+                "WaitingForPriority",
+                f"waiting for NodeWright {ahead} (priority and sequencing)",
+            ) in waited.get((cr, node), set()), f"{cr} on {node}"
+
+
+async def test_a_paused_nodewright_starts_nothing_until_it_is_unpaused(
+    cluster: Kube, services: Services
+) -> None:
+    kapi = cluster
+    names = await _nodes(kapi, ["pz-0", "pz-1"], nodepool="pz")
+    body = _cr("pz", pool="pz", interruptionBudget={"count": 2})
+    body["metadata"]["annotations"] = {api.PAUSE_ANNOTATION: "true"}
+    await manifests.apply(kapi, body)
+    log = BatchLog(kapi, "pz")
+    await asyncio.to_thread(services.fleet.start_all)
+    async with Sampler(log.probe) as s:
+
+        async def paused() -> bool:
+            cr = await read_cr(kapi, "pz")
+            waiting = {d.node: d.reason for d in cr.status.node_details}
+            book = progress.read_batch_book(cr.metadata.annotations)
+            return (
+                cr.status.state == "Paused"
+                and waiting == dict.fromkeys(names, "Paused")
+                # The scheduler has decided on it (its finalizer and batch book are written).
+                and bool(cr.metadata.finalizers)
+                and bool(book.versions)
+            )
+
+        await eventually(paused, timeout_s=60, what="status Paused after a scheduler pass")
+        await asyncio.sleep(3)
+        assert log.seen == {}, "nothing started while paused"
+        cr = await read_cr(kapi, "pz")
+        book = progress.read_batch_book(cr.metadata.annotations)
+        assert all(not c.nodes for c in book.compartments.values()), "no batch opened"
+        await kapi.patch(
+            f"{manifests.NODEWRIGHTS}/pz",
+            {"metadata": {"annotations": {api.PAUSE_ANNOTATION: None}}},
+        )
+        await eventually(
+            lambda: _all_done(kapi, "pz"), timeout_s=120, interval_s=1, what="unpaused rollout"
+        )
+        await s.stop()
+    assert {n: (c, b) for n, (c, b, _) in log.seen.items()} == dict.fromkeys(
+        names, ("__default__", 1)
+    )
