@@ -1,7 +1,10 @@
 """Issue 5 end to end, on the real rig with kwok nodes and the five services as processes:
 DeploymentPolicy strategies batch by batch as ``nodewright plan`` predicts, a failing
-compartment that stops alone and resumes after a batch-state reset, a cluster budget
-shared by two NodeWrights, a maintenance window closing mid-rollout, three compartments
+compartment that stops alone (told by its per-compartment Events: BatchStarted,
+BatchFinished, CompartmentStopped; CompartmentCompleted for the other) and resumes after a
+batch-state reset, a cluster budget
+shared by two NodeWrights, a maintenance window closing mid-rollout (the compartment's
+waitingReason and a CompartmentWaiting Event), three compartments
 (fixed, linear, exponential) each running its own batch sequence without waiting for the
 others, nodes several compartments select admitted into the safest one (strategy, then
 budget, then name) and counted there in status, priority with ``sequencing: node`` (the
@@ -21,8 +24,9 @@ import pytest
 
 from nodewright import manifests, plan_cmd
 from nodewright.rig import nodes
+from services.status import kube_events
 from shared import api, nodestate, progress
-from shared.kube import ApiError, Kube
+from shared.kube import ApiError, Kube, path_of
 from tests.e2e.conftest import NODES, Sampler, Services, read_cr
 from tests.helpers.waiting import eventually
 
@@ -111,6 +115,31 @@ class BatchLog:
         for node, (comp, batch, _) in self.seen.items():
             out.setdefault((comp, batch), set()).add(node)
         return out
+
+
+async def _compartment_events(kapi: Kube, cr: str) -> list[tuple[str, str, str, str]]:
+    """(compartment, reason, type, batch) of the per-compartment Events on NodeWright ``cr``,
+    oldest first."""
+    listed = await kapi.get(
+        path_of(plural="events", namespace=kube_events.EVENT_NAMESPACE),
+        labelSelector=f"{kube_events.LABEL_NODEWRIGHT}={cr}",
+    )
+    out = []
+    for e in sorted(
+        listed["items"], key=lambda e: (e.get("firstTimestamp") or "", e["metadata"]["name"])
+    ):
+        if e.get("reason") not in kube_events.COMPARTMENT_REASONS:
+            continue
+        notes = e["metadata"].get("annotations") or {}
+        out.append(
+            (
+                notes.get(kube_events.ANNOTATION_COMPARTMENT, ""),
+                str(e["reason"]),
+                str(e["type"]),
+                notes.get(kube_events.ANNOTATION_BATCH, ""),
+            )
+        )
+    return out
 
 
 async def _done(kapi: Kube, cr: str) -> dict[str, str]:
@@ -231,6 +260,18 @@ async def test_a_failing_compartment_stops_alone_and_resumes_after_a_reset(
 
     await eventually(status_shows_the_stop, what="status to show the stopped compartment")
 
+    # Each compartment's story as Kubernetes Events on the NodeWright.
+    async def stopped_event() -> list[tuple[str, str, str, str]]:
+        seen = await _compartment_events(kapi, "gates")
+        return seen if ("bad", "CompartmentStopped", "Warning", "3") in seen else []
+
+    story = await eventually(stopped_event, what="the CompartmentStopped Event")
+    stopped = [e for e in story if e[0] == "bad"]
+    assert ("bad", "BatchStarted", "Normal", "1") in stopped
+    assert ("bad", "BatchFinished", "Warning", "2") in stopped, "the second failed batch"
+    assert not any(e[1] == "BatchStarted" and e[3] == "3" for e in stopped), "no third batch"
+    assert ("good", "CompartmentCompleted", "Normal", "") in story
+
     # Reset by command: the stopped compartment starts again at batch 1.
     await kapi.patch(
         f"{manifests.NODEWRIGHTS}/gates",
@@ -316,6 +357,18 @@ async def test_a_window_closing_mid_rollout_lets_running_nodes_finish_and_starts
     cr = await read_cr(kapi, "win")
     waiting = {d.node: d.reason for d in cr.status.node_details}
     assert set(waiting.values()) == {"WaitingForWindow"}
+    (comp,) = cr.status.compartments
+    assert comp.waiting_reason == "WaitingForWindow"
+    left = len(names) - len(started)
+    assert comp.waiting_message.startswith(f"outside every maintenance window ({left} nodes, e.g.")
+
+    async def waiting_event() -> bool:
+        seen = await _compartment_events(kapi, "win")
+        return (progress.DEFAULT_COMPARTMENT, "CompartmentWaiting", "Normal", "") in [
+            (c, r, t, "") for c, r, t, _ in seen
+        ]
+
+    await eventually(waiting_event, what="the CompartmentWaiting Event")
 
 
 def _started(log: BatchLog, compartment: str, batch: int) -> datetime:
