@@ -3,57 +3,26 @@ service only with settings that service knows."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib
-from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
 from nodewright import manifests
 from nodewright.rig import Rig
 from shared import config
 from shared.kube import Kube
+from tests.deploy.helm import CHART, render, run, template
 
-CHART = Path(__file__).resolve().parents[2] / "deploy" / "chart" / "nodewright"
 SERVICES = ("scheduler", "drainer", "executor", "validator", "status")
 
 
-async def _run(*argv: str, stdin: str = "") -> str:
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await proc.communicate(stdin.encode())
-    assert proc.returncode == 0, f"{' '.join(argv[:3])} failed: {err.decode()}{out.decode()}"
-    return out.decode()
-
-
-async def _render(rig: Rig, *extra: str) -> list[dict[str, Any]]:
-    text = await _run(
-        str(rig.bin_dir / "helm"),
-        "template",
-        "nw",
-        str(CHART),
-        "-n",
-        "nodewright-system",
-        "--kube-version",
-        "1.36.3",
-        *extra,
-    )
-    return [d for d in yaml.safe_load_all(text) if d]
-
-
 async def test_the_chart_lints(rig: Rig) -> None:
-    out = await _run(str(rig.bin_dir / "helm"), "lint", "--strict", str(CHART))
+    out = await run(str(rig.bin_dir / "helm"), "lint", "--strict", str(CHART))
     assert "0 chart(s) failed" in out
 
 
 async def test_the_chart_renders_every_service_with_its_own_account(rig: Rig) -> None:
-    docs = await _render(rig)
+    docs = await render(bin_dir=rig.bin_dir)
     kinds: dict[str, list[str]] = {}
     for d in docs:
         kinds.setdefault(d["kind"], []).append(d["metadata"]["name"])
@@ -72,7 +41,7 @@ async def test_the_chart_renders_every_service_with_its_own_account(rig: Rig) ->
 async def test_every_setting_the_chart_sets_is_one_the_service_knows(
     rig: Rig, service: str
 ) -> None:
-    docs = await _render(rig)
+    docs = await render(bin_dir=rig.bin_dir)
     (deployment,) = [
         d
         for d in docs
@@ -89,18 +58,8 @@ async def test_every_setting_the_chart_sets_is_one_the_service_knows(
 
 async def test_the_rendered_chart_is_accepted_by_the_api_server(rig: Rig, kapi: Kube) -> None:
     await manifests.ensure_namespace(kapi, "nodewright-system")
-    text = await _run(
-        str(rig.bin_dir / "helm"),
-        "template",
-        "nw",
-        str(CHART),
-        "-n",
-        "nodewright-system",
-        "--kube-version",
-        "1.36.3",
-        "--include-crds",
-    )
-    out = await _run(
+    text = await template("--include-crds", bin_dir=rig.bin_dir)
+    out = await run(
         str(rig.bin_dir / "kubectl"),
         "--kubeconfig",
         str(rig.endpoints.kubeconfig),
@@ -112,3 +71,38 @@ async def test_the_rendered_chart_is_accepted_by_the_api_server(rig: Rig, kapi: 
     )
     assert "deployment.apps/nodewright-executor created (server dry run)" in out
     assert "validatingwebhookconfiguration.admissionregistration.k8s.io/nodewright-validator" in out
+
+
+async def test_the_optional_pieces_are_accepted_by_the_api_server(rig: Rig, kapi: Kube) -> None:
+    await manifests.ensure_namespace(kapi, "nodewright-system")
+    text = await template(
+        "--set",
+        "imagePolicy.enabled=true",
+        "--set-json",
+        'imagePolicy.allowedRegistries=["ghcr.io/nvidia/"]',
+        "--set",
+        "dashboards.enabled=true",
+        "-s",
+        "templates/image-policy.yaml",
+        "-s",
+        "templates/dashboards.yaml",
+        bin_dir=rig.bin_dir,
+    )
+    out = await run(
+        str(rig.bin_dir / "kubectl"),
+        "--kubeconfig",
+        str(rig.endpoints.kubeconfig),
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "-f",
+        "-",
+        stdin=text,
+    )
+    assert sorted(out.splitlines()) == [
+        "configmap/nodewright-dashboards serverside-applied (server dry run)",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/nodewright-package-images "
+        "serverside-applied (server dry run)",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/nodewright-package-images "
+        "serverside-applied (server dry run)",
+    ]
