@@ -10,7 +10,8 @@ filesystem.
 Host layout (``<state>`` = ``/var/lib/nodewright`` and ``<logs>`` = ``/var/log/nodewright``
 by default, ``<cr>`` = the NodeWright CR name)::
 
-    <state>/<cr>/packages/<pkg>/<version>/   staged copy: config.json, steps/, config/
+    <state>/<cr>/packages/<pkg>/<version>/   staged copy: config.json, steps/, config/,
+                                              node-metadata/
     <state>/<cr>/data/<pkg>/                  the package's own persistent data (steps write)
     <state>/<cr>/flags/<pkg>/<version>/apply/<step>.<hash>.json   idempotence flags
     <state>/<cr>/history/<pkg>.json           version history

@@ -7,8 +7,9 @@ Order for every package mode (``apply``, ``config``, ``upgrade``, ``uninstall``,
    file -- a broken package fails before it touches the host.
 2. Take the package lock on the host (one agent per package per node).
 3. Stage the package on the host (``<state>/<cr>/packages/<pkg>/<version>/``: config.json,
-   ``steps/`` made executable, ``config/`` from the CR's configMap) so steps can run
-   chrooted; the copy is replaced whole on every run.
+   ``steps/`` made executable, ``config/`` from the CR's configMap, ``node-metadata/`` from
+   the node metadata ConfigMap) so steps can run chrooted; the copy is replaced whole on
+   every run.
 4. In ``apply``, ``upgrade`` and ``config``, lay the package's ``root/`` onto the host.
 5. Run the stage's steps (or checks) -- see ``agent.steps`` for flags and environment.
 6. After a successful check, record history; ``upgrade-check`` drops other versions'
@@ -65,6 +66,8 @@ HISTORY_ACTIONS: Final = {
     Mode.CONFIG_CHECK: Action.CONFIG,
     Mode.UNINSTALL_CHECK: Action.UNINSTALL,
 }
+NODE_METADATA_DIR: Final = "node-metadata"
+"""Where the node metadata ConfigMap's files are staged, in the staged package."""
 # Agent inputs that describe the container, not the host: a step must not see them.
 _CONTAINER_ONLY: Final = frozenset(VARIABLES) - {"NODEWRIGHT_CR", "NODEWRIGHT_RUN_ID"}
 
@@ -107,6 +110,7 @@ def step_environment(
             "NODEWRIGHT_PACKAGE_ROOT": root,
             "NODEWRIGHT_STEPS_DIR": f"{root}/{STEPS_DIR}",
             "NODEWRIGHT_CONFIG_DIR": f"{root}/config",
+            "NODEWRIGHT_NODE_METADATA_DIR": f"{root}/{NODE_METADATA_DIR}",
             "NODEWRIGHT_DATA_DIR": layout.package_data(config.name),
         }
     )
@@ -188,6 +192,11 @@ def _stage_package(settings: AgentSettings, layout: HostLayout, config: PackageC
             copy_tree(settings.config_dir, tmp / "config", file_mode=0o640)
         else:
             (tmp / "config").mkdir()
+        # As the pod saw it when the agent started (a mounted ConfigMap changes later on).
+        if settings.node_metadata_dir.is_dir():
+            copy_tree(settings.node_metadata_dir, tmp / NODE_METADATA_DIR, file_mode=0o644)
+        else:
+            (tmp / NODE_METADATA_DIR).mkdir()
 
     replace_dir(build, dest)
     return sum(len(files) for _, _, files in os.walk(dest))

@@ -61,6 +61,11 @@ VARIABLES: Final[dict[str, tuple[str, str | None, str]]] = {
     "NODEWRIGHT_HOST_ROOT": ("--host-root", "/host", "where the host's / is mounted"),
     "NODEWRIGHT_PACKAGE_DIR": ("--package-dir", "/nodewright-package", "the package's files"),
     "NODEWRIGHT_CONFIG_DIR": ("--config-dir", "/nodewright-config", "the CR configMap's files"),
+    "NODEWRIGHT_NODE_METADATA_DIR": (
+        "--node-metadata-dir",
+        "/nodewright-node-metadata",
+        "the node metadata ConfigMap's files (node.json)",
+    ),
     "NODEWRIGHT_STATE_DIR": ("--state-dir", "/var/lib/nodewright", "host path of agent state"),
     "NODEWRIGHT_LOG_DIR": ("--log-dir", "/var/log/nodewright", "host path of step logs"),
     "NODEWRIGHT_LOG_KEEP": ("--log-keep", "5", "log files kept per step (1-1000)"),
@@ -85,6 +90,7 @@ class AgentSettings:
     host_root: Path
     package_dir: Path
     config_dir: Path
+    node_metadata_dir: Path
     state_dir: str
     log_dir: str
     log_keep: int
@@ -197,6 +203,7 @@ def load_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Agent
         host_root=Path(get("NODEWRIGHT_HOST_ROOT")),
         package_dir=Path(get("NODEWRIGHT_PACKAGE_DIR")),
         config_dir=Path(get("NODEWRIGHT_CONFIG_DIR")),
+        node_metadata_dir=Path(get("NODEWRIGHT_NODE_METADATA_DIR")),
         state_dir=_host_path("NODEWRIGHT_STATE_DIR", get("NODEWRIGHT_STATE_DIR")),
         log_dir=_host_path("NODEWRIGHT_LOG_DIR", get("NODEWRIGHT_LOG_DIR")),
         log_keep=keep,

@@ -2,10 +2,17 @@
 
 For each (NodeWright, node) key it reads the cached CR, node and NodeWright pods on that
 node, asks :func:`services.executor.core.decide` what to do, then in this order writes the
-node's executor record (with the node's resourceVersion as precondition), creates the
-package ConfigMap and pods (AlreadyExists is success: names are deterministic), deletes
-finished pods, and publishes the stage events. Any replica may handle any key; the
-precondition and deterministic names make a double run harmless.
+node's executor record (with the node's resourceVersion as precondition), brings the node's
+metadata ConfigMap up to date (:mod:`services.executor.metadata`: created before the first
+stage pod, rewritten whenever its content differs, deleted once the NodeWright is gone; the
+garbage collector deletes it with the Node), creates the package ConfigMap and pods
+(AlreadyExists is success: names are deterministic), deletes finished pods, and publishes
+the stage events. Any replica may handle any key; the precondition and deterministic names
+make a double run harmless.
+
+Keys that only have a metadata ConfigMap (a node done and released) keep it current and
+nothing else: the core decides only for nodes the executor is responsible for (admitted,
+carrying recovery requests, or running NodeWright pods).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from services.executor import core
+from services.executor import core, metadata
 from services.executor.config import Settings
 from shared import (
     api,
@@ -30,7 +37,7 @@ from shared import (
 )
 from shared.controller import Controller, NodeKey, PodIndex, patch_node
 from shared.informer import Informer
-from shared.kube import JSON, path_of
+from shared.kube import JSON, ApiError, path_of
 
 NAME = "executor"
 _log = logging.getLogger("nodewright.executor")
@@ -63,6 +70,7 @@ class Executor:
             workers=settings.workers,
         )
         self.pod_index = PodIndex()
+        self.metadata_index = MetadataIndex()
         c = self.controller
         self.crs: Informer = c.watch(NODEWRIGHTS, to_keys=self._cr_keys, name="nodewrights")
         self.nodes: Informer = c.watch(NODES, to_keys=self._node_keys, name="nodes")
@@ -72,6 +80,13 @@ class Executor:
             to_keys=self.pod_index.to_keys,
             also=self.pod_index.on_change,
             name="pods",
+        )
+        self.config_maps: Informer = c.watch(
+            path_of(plural="configmaps", namespace=ctx.settings.namespace),
+            label_selector=manifests.NODE_METADATA_SELECTOR,
+            to_keys=self.metadata_index.to_keys,
+            also=self.metadata_index.on_change,
+            name="node-metadata",
         )
         c.consume(
             streaming.ConsumerSpec(
@@ -87,7 +102,7 @@ class Executor:
     # ---- key mapping ------------------------------------------------------------------
 
     def all_keys(self) -> Iterable[NodeKey]:
-        keys: set[NodeKey] = self.pod_index.keys()
+        keys: set[NodeKey] = self.pod_index.keys() | self.metadata_index.keys()
         for node in self.nodes.values():
             for owner in _KEYED_BY:
                 for cr in nodestate.crs_with(node, owner):
@@ -113,15 +128,27 @@ class Executor:
             for owner in _KEYED_BY
             for cr in nodestate.crs_with(o, owner)
         }
-        return [(cr, name) for cr in crs]
+        return [(cr, name) for cr in crs | self.metadata_index.crs_on(name)]
+
+    def _responsible(self, key: NodeKey, node: JSON) -> bool:
+        """The core decides for this key: the node is admitted or carries recovery requests
+        for the CR, or NodeWright pods of the CR are on it."""
+        cr = key[0]
+        return bool(self.pod_index.names(key)) or any(
+            cr in nodestate.crs_with(node, owner) for owner in _KEYED_BY
+        )
 
     # ---- reconcile ----------------------------------------------------------------------
 
     async def reconcile(self, key: NodeKey) -> float | None:
         cr_name, node_name = key
         raw_cr, raw_node = self.crs.get(cr_name), self.nodes.get(node_name)
-        if raw_cr is None or raw_node is None:
-            return None  # pods are garbage-collected with their owner
+        if raw_node is None:
+            return None  # its pods and metadata ConfigMaps are garbage-collected with it
+        if raw_cr is None:
+            # Pods are garbage-collected with the CR; the metadata ConfigMap is the Node's.
+            await self._drop_metadata(key)
+            return None
         try:
             cr = api.from_dict(raw_cr, api.NodeWright)
         except msgspec.ValidationError as exc:
@@ -129,6 +156,8 @@ class Executor:
                 "Skipped invalid NodeWright", extra={"nodewright": cr_name, "error": str(exc)}
             )
             return None
+        if not self._responsible(key, raw_node):
+            return None if await self._sync_metadata(cr, raw_node, needed=False) else 0.5
         facts = progress.facts(raw_node, cr_name)
         node_pods = [
             pods.view(p)
@@ -157,6 +186,9 @@ class Executor:
             cr_name, node_name, decision.record
         ):
             return 0.5
+        stage_pods = any(req.role == "stage" for req in decision.create)
+        if not await self._sync_metadata(cr, raw_node, needed=stage_pods):
+            return 0.5  # no stage pod before its metadata: the next pass creates both
         annotations = nodestate.annotations_of(raw_node)
         for req in decision.create:
             await self._create(cr, node_name, annotations, req)
@@ -174,6 +206,55 @@ class Executor:
             nodestate.EXECUTOR, cr, record, resource_version=cached["metadata"]["resourceVersion"]
         )
         return await patch_node(self.ctx.kube, self.nodes, node, body)
+
+    # ---- the node metadata ConfigMap ----------------------------------------------------
+
+    async def _sync_metadata(self, cr: api.NodeWright, node: JSON, *, needed: bool) -> bool:
+        """Create the node's metadata ConfigMap when ``needed`` (a stage pod follows) and it
+        does not exist; rewrite it when it exists and says something else than it should.
+        False when the write met a concurrent change: the caller retries on fresh data."""
+        ns = self.ctx.settings.namespace
+        desired = metadata.config_map(cr=cr, node=node, namespace=ns)
+        name = desired["metadata"]["name"]
+        path = path_of(plural="configmaps", namespace=ns)
+        current = self.config_maps.get(f"{ns}/{name}")
+        where = {"configmap": name, "nodewright": cr.metadata.name, "node": _name_of(node)}
+        try:
+            if current is None:
+                if not needed:
+                    return True
+                created = await self.ctx.kube.create_if_absent(path, desired)
+                if created is not None:
+                    self._observe_metadata(created)
+                    _log.info("Created ConfigMap", extra=where)
+                    return True
+                current = await self.ctx.kube.get(f"{path}/{name}")  # the cache is behind
+            body = metadata.replacement(desired, current)
+            if body is None:
+                return True
+            updated = await self.ctx.kube.replace(f"{path}/{name}", body)
+        except ApiError as exc:
+            if exc.conflict or exc.not_found:
+                return False  # changed or deleted meanwhile (the garbage collector, a person)
+            raise
+        self._observe_metadata(updated)
+        _log.info("Updated ConfigMap", extra=where)
+        return True
+
+    async def _drop_metadata(self, key: NodeKey) -> None:
+        """Delete the metadata ConfigMap of a CR that is gone (the Node still owns it)."""
+        ns = self.ctx.settings.namespace
+        name = manifests.node_metadata_name(*key)
+        if self.config_maps.get(f"{ns}/{name}") is None:
+            return
+        path = path_of(plural="configmaps", namespace=ns, name=name)
+        if await self.ctx.kube.delete_if_present(path):
+            _log.info("Deleted ConfigMap", extra={"configmap": name, "nodewright": key[0]})
+
+    def _observe_metadata(self, obj: JSON) -> None:
+        old = self.config_maps.get(f"{obj['metadata']['namespace']}/{obj['metadata']['name']}")
+        self.config_maps.observe(obj)
+        self.metadata_index.on_change(old, obj)
 
     async def _create(
         self,
@@ -214,6 +295,36 @@ class Executor:
     async def _delete(self, name: str) -> None:
         ns = self.ctx.settings.namespace
         await self.ctx.kube.delete_if_present(path_of(plural="pods", namespace=ns, name=name))
+
+
+def _name_of(node: JSON) -> str:
+    return str(node["metadata"]["name"])
+
+
+class MetadataIndex:
+    """Node metadata ConfigMaps by (cr, node), kept up to date from their informer."""
+
+    def __init__(self) -> None:
+        self._crs_by_node: dict[str, set[str]] = {}
+
+    def keys(self) -> set[NodeKey]:
+        return {(cr, node) for node, crs in self._crs_by_node.items() for cr in crs}
+
+    def crs_on(self, node: str) -> set[str]:
+        return set(self._crs_by_node.get(node, ()))
+
+    def to_keys(self, old: JSON | None, new: JSON | None) -> list[NodeKey]:
+        key = metadata.key_of(new or old or {})
+        return [key] if key else []
+
+    def on_change(self, old: JSON | None, new: JSON | None) -> None:
+        if old is not None and (key := metadata.key_of(old)) is not None:
+            crs = self._crs_by_node.get(key[1], set())
+            crs.discard(key[0])
+            if not crs:
+                self._crs_by_node.pop(key[1], None)
+        if new is not None and (key := metadata.key_of(new)) is not None:
+            self._crs_by_node.setdefault(key[1], set()).add(key[0])
 
 
 def main(environ: Mapping[str, str] | None = None) -> int:

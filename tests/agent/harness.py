@@ -125,6 +125,8 @@ class Node:
             "NODEWRIGHT_HOST_ROOT": str(self.rootfs),
             "NODEWRIGHT_TERMINATION_LOG": str(self.workdir / "termination-log"),
             "NODEWRIGHT_CONFIG_DIR": str(config_dir or self.workdir / "no-config"),
+            # Never the test machine's own /nodewright-node-metadata; a test passes its own.
+            "NODEWRIGHT_NODE_METADATA_DIR": str(self.workdir / "no-node-metadata"),
         }
         if package_dir is not None:
             env["NODEWRIGHT_PACKAGE_DIR"] = str(package_dir)

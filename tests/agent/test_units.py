@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from agent import events
-from agent.config import Step, parse_config
+from agent.config import Stage, Step, parse_config
 from agent.errors import UsageError
 from agent.history import (
     MAX_ENTRIES,
@@ -28,9 +28,9 @@ from agent.history import (
     with_entry,
 )
 from agent.interrupts import Interrupt, InterruptType, parse_interrupt, plan
-from agent.layout import resolve_in_root
+from agent.layout import HostLayout, resolve_in_root
 from agent.logs import rotate
-from agent.modes import resolve_from_version, stage_for
+from agent.modes import resolve_from_version, stage_for, step_environment
 from agent.result import TERMINATION_MESSAGE_LIMIT, Result, bounded
 from agent.settings import AgentSettings, Mode, build_parser, load_settings
 from agent.steps import flag_name, substitute_args
@@ -372,6 +372,32 @@ def test_upgrade_falls_back_to_apply_and_other_missing_stages_are_empty() -> Non
     stage, spec = stage_for(Mode.UPGRADE_CHECK, CONFIG)
     assert (stage.value, [s.name for s in spec.check]) == ("apply", ["c"])
     assert stage_for(Mode.CONFIG, CONFIG)[1].steps == ()
+
+
+def test_steps_get_the_host_copy_of_the_node_metadata_never_the_container_mount() -> None:
+    default = settings_of(["apply"], {"NODEWRIGHT_CR": "c"})
+    flagged = settings_of(
+        ["apply", "--node-metadata-dir", "/flag"],
+        {"NODEWRIGHT_CR": "c", "NODEWRIGHT_NODE_METADATA_DIR": "/var"},
+    )
+    env = step_environment(
+        environ={"NODEWRIGHT_CR": "c", "NODEWRIGHT_NODE_METADATA_DIR": "/var", "X": "1"},
+        settings=flagged,
+        layout=HostLayout(
+            host_root=Path("/host"), state_dir="/var/lib/nodewright", log_dir="/l", cr="c"
+        ),
+        config=CONFIG,
+        stage=Stage.APPLY,
+        from_version=None,
+    )
+
+    assert str(default.node_metadata_dir) == "/nodewright-node-metadata"
+    assert str(flagged.node_metadata_dir) == "/flag"
+    assert env["NODEWRIGHT_NODE_METADATA_DIR"] == (
+        "/var/lib/nodewright/c/packages/p/2.0.0/node-metadata"
+    )
+    assert env["NODEWRIGHT_CONFIG_DIR"] == "/var/lib/nodewright/c/packages/p/2.0.0/config"
+    assert env["X"] == "1"
 
 
 def _log() -> events.EventLog:
