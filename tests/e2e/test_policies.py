@@ -25,7 +25,7 @@ import pytest
 from nodewright import manifests, plan_cmd
 from nodewright.rig import nodes
 from services.status import kube_events
-from shared import api, nodestate, progress
+from shared import api, nodestate, podspec, progress
 from shared.kube import ApiError, Kube, path_of
 from tests.e2e.conftest import NODES, Sampler, Services, read_cr
 from tests.helpers.waiting import eventually
@@ -323,7 +323,13 @@ async def test_a_window_closing_mid_rollout_lets_running_nodes_finish_and_starts
     cluster: Kube, services: Services
 ) -> None:
     kapi = cluster
-    names = await _nodes(kapi, [f"win-{i:02d}" for i in range(12)], nodepool="win")
+    names = await _nodes(kapi, [f"win-{i:02d}" for i in range(16)], nodepool="win")
+    # The window is 20 to 80 s long (it ends on a whole minute): with 3 s stages a node takes
+    # over 12 s, so at most 7 nodes can start in it and some are always left waiting.
+    for name in names:
+        await kapi.patch(
+            f"{NODES}/{name}", {"metadata": {"annotations": {podspec.SIM_STAGE_DURATION: "3s"}}}
+        )
     now = datetime.now(UTC)
     end = (now + timedelta(minutes=1)).replace(second=0, microsecond=0)
     if (end - now).total_seconds() < 20:
@@ -344,7 +350,8 @@ async def test_a_window_closing_mid_rollout_lets_running_nodes_finish_and_starts
     await asyncio.to_thread(services.fleet.start_all)
     async with Sampler(log.probe) as s:
         await manifests.apply(kapi, _cr("win", pool="win", policy="win"))
-        wait_s = (end - datetime.now(UTC)).total_seconds() + 25
+        # Long enough for the node started last to finish (about 4 x 3 s plus checks).
+        wait_s = (end - datetime.now(UTC)).total_seconds() + 40
         await asyncio.sleep(max(wait_s, 0))
         await s.stop()
     started = {n for n, (_, _, at) in log.seen.items()}
