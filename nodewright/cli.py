@@ -10,6 +10,9 @@ Subcommands:
             reset, ignore, unignore.
   package   validate a package directory; a package's status on each node and its pods'
             logs; rerun a package (or one stage of it) on a node.
+  uninstall-all
+            delete every NodeWright (their finalizers uninstall their packages) and, once
+            they are gone, every DeploymentPolicy: before removing NodeWright itself.
 
 docs/cli.md describes every command.
 
@@ -22,7 +25,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from nodewright import events_cmd, lifecycle_cmd, node_cmd, package_cmd, plan_cmd, sandbox
+from nodewright import (
+    events_cmd,
+    lifecycle_cmd,
+    node_cmd,
+    package_cmd,
+    plan_cmd,
+    sandbox,
+    teardown_cmd,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     lifecycle_cmd.add_parser(sub)
     node_cmd.add_parser(sub)
     package_cmd.add_parser(sub)
+    teardown_cmd.add_parser(sub)
     return parser
 
 
