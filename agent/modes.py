@@ -116,6 +116,8 @@ def step_environment(
     )
     if settings.run_id:
         env["NODEWRIGHT_RUN_ID"] = settings.run_id
+    if settings.node_order is not None:
+        env["NODEWRIGHT_NODE_ORDER"] = str(settings.node_order)
     if from_version is not None:
         env["NODEWRIGHT_FROM_VERSION"] = from_version
         env["NODEWRIGHT_TO_VERSION"] = config.version

@@ -53,6 +53,8 @@ CR_RE: Final = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 """A Kubernetes object name (DNS subdomain); it is also a directory name on the host."""
 ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 """Interrupt and run IDs: safe as a directory name, long enough for a UID plus a suffix."""
+ORDER_RE: Final = re.compile(r"[0-9]{1,9}")
+"""NODEWRIGHT_NODE_ORDER: a non-negative integer."""
 TRUE, FALSE = frozenset({"1", "true", "yes"}), frozenset({"0", "false", "no", ""})
 
 # variable -> (flag, default, help); the single list both the parser and docs/packages.md follow.
@@ -77,6 +79,11 @@ VARIABLES: Final[dict[str, tuple[str, str | None, str]]] = {
     "NODEWRIGHT_RUN_ID": ("--run-id", "", "opaque ID echoed in events, result and history"),
     "NODEWRIGHT_FROM_VERSION": ("--from-version", "", "upgrade modes: the installed version"),
     "NODEWRIGHT_TO_VERSION": ("--to-version", "", "expected package version (guards the image)"),
+    "NODEWRIGHT_NODE_ORDER": (
+        "--node-order",
+        "",
+        "the node's zero-based position in the rollout (passed to steps)",
+    ),
     "NODEWRIGHT_FORCE_RERUN": ("--force-rerun", "false", "run apply steps despite their flags"),
     "NODEWRIGHT_INTERRUPT": ("--interrupt", "", 'interrupt mode: {"type": ..., "services": [...]}'),
     "NODEWRIGHT_INTERRUPT_ID": ("--interrupt-id", "", "interrupt mode: ID of this interrupt"),
@@ -98,6 +105,7 @@ class AgentSettings:
     run_id: str | None
     from_version: str | None
     to_version: str | None
+    node_order: int | None
     force_rerun: bool
     interrupt: Interrupt | None
     interrupt_id: str | None
@@ -182,6 +190,12 @@ def load_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Agent
             versions[var] = None if value is None else normalize_version(value)
         except ValueError:
             raise UsageError(f"{var}={value!r} is not a semantic version (x.y.z)") from None
+    order_text = get("NODEWRIGHT_NODE_ORDER").strip()
+    node_order: int | None = None
+    if order_text:
+        if ORDER_RE.fullmatch(order_text) is None:
+            raise UsageError(f"NODEWRIGHT_NODE_ORDER={order_text!r} is not a non-negative integer")
+        node_order = int(order_text)
     interrupt_text, interrupt_id = get("NODEWRIGHT_INTERRUPT"), get("NODEWRIGHT_INTERRUPT_ID")
     interrupt: Interrupt | None = None
     if mode is Mode.INTERRUPT:
@@ -211,6 +225,7 @@ def load_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Agent
         run_id=run_id,
         from_version=versions["NODEWRIGHT_FROM_VERSION"],
         to_version=versions["NODEWRIGHT_TO_VERSION"],
+        node_order=node_order,
         force_rerun=_bool("NODEWRIGHT_FORCE_RERUN", get("NODEWRIGHT_FORCE_RERUN")),
         interrupt=interrupt,
         interrupt_id=interrupt_id or None,

@@ -283,7 +283,9 @@ def describe(v: CrView, node: dict[str, Any]) -> list[str]:
         s = f.selection
         lines.append(
             f"  admitted: compartment {s.compartment}, batch {s.batch}, "
-            f"at {s.selected_at.isoformat()}" + ("" if s.disruptive else " (no drain)")
+            + ("" if s.order is None else f"node order {s.order}, ")
+            + f"at {s.selected_at.isoformat()}"
+            + ("" if s.disruptive else " (no drain)")
         )
     else:
         lines.append("  admitted: no")

@@ -133,6 +133,7 @@ def document(
                 "batch": b.batch,
                 "size": len(b.nodes),
                 "nodes": list(b.nodes),
+                "orders": list(b.orders),
                 "inFlight": b.in_flight,
             }
             for b in batches

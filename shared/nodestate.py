@@ -58,6 +58,10 @@ class Selection(_Record, frozen=True, kw_only=True, omit_defaults=True):
     disruptive: bool
     target: str
     """Digest of the desired package set the node was admitted for."""
+    order: int | None = None
+    """The node's zero-based position in the rollout (admission order, monotonic across
+    batches; the packages see it as ``NODEWRIGHT_NODE_ORDER``). None: unknown (a record
+    written before the field existed); 0 is the rollout's first node, so unknown is not 0."""
 
 
 DrainPhase = Literal["cordoned", "waiting", "draining", "drained", "blocked", "failed"]

@@ -65,6 +65,8 @@ class PodRequest:
     interrupt: api.Interrupt | None = None
     desired: Desired | None = None
     name: str = ""
+    node_order: int | None = None
+    """The node's position in the rollout (``Selection.order``); None: unknown, not passed."""
 
 
 @dataclass(frozen=True)
@@ -284,6 +286,8 @@ def stage_pod(
     if req.previous and req.stage == "upgrade":
         # The installed version, for upgrade and upgrade-check (other modes ignore it).
         env.append({"name": "NODEWRIGHT_FROM_VERSION", "value": req.previous})
+    if req.node_order is not None:
+        env.append({"name": "NODEWRIGHT_NODE_ORDER", "value": str(req.node_order)})
     cm = config_map_name(cr.metadata.name, d.name, d.config_digest) if d.config else ""
     return manifest(
         req,

@@ -704,6 +704,11 @@ class BatchBook(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Digest of the package versions the state is about (a change is a new rollout)."""
     reset_token: str = ""
     """The last value of :data:`RESET_ANNOTATION` acted on."""
+    admitted: int = 0
+    """Admissions made in the current rollout: the next admitted node gets this as its
+    :attr:`Selection.order <shared.nodestate.Selection.order>`. Advanced by the planner and
+    written (with the book, before the admissions) so a crash in between leaves a gap in the
+    orders, never a duplicate. Back to 0 whenever the batch state resets."""
 
 
 def read_batch_book(annotations: Mapping[str, str]) -> BatchBook:

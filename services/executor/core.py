@@ -290,6 +290,7 @@ def _request_stage(w: _Work, d: Desired, r: PackageRecord) -> None:
         image=d.image,
         previous=r.previous,
         desired=d,
+        node_order=w.node.selection.order if w.node.selection is not None else None,
     )
     req = replace(req, name=pod_name(w.cr.metadata.name, w.node.name, req))
     w.create.append(req)

@@ -27,6 +27,12 @@ Per compartment (``shared.progress.compartment_rules``: the policy's compartment
 - **Resets** of the batch book: a new value of the reset annotation, a change of package
   versions (``resetBatchStateOnVersionChange``), completion of every target node
   (``resetBatchStateOnCompletion``); without a policy both flags are true.
+- **Node order**: each admission gets ``Selection.order = book.admitted + i`` (i in
+  admission order: compartments in rule order, a batch's nodes in node order) and the new
+  book counts them, so orders are unique and increasing within a rollout (the shell writes
+  the book before the admissions: a crash in between leaves a gap, never a duplicate). A
+  reset starts the count at 0 again, so each rollout has its own node 0, unless a node
+  admitted before the reset still has work left: then past its order, never reusing one.
 - **Gates** on starting a node (work in progress always finishes): pause and disable,
   maintenance windows (no new batch opens outside one, no member is admitted outside one),
   priority and sequencing (``shared.progress.priority_waits``), and the shared budgets of
@@ -250,6 +256,22 @@ def _finish(
     return CompartmentBatch(state=state, planned=planned), text
 
 
+def _first_order(cr: api.NodeWright, nodes: Sequence[NodeFacts], released: set[str]) -> int:
+    """The first node order of a rollout that starts now: 0, unless a node admitted before
+    the reset still holds its admission and has work left (a failed node kept admitted, a
+    node in progress when the versions changed: it runs the new packages with its order);
+    then one past the highest such order, so no two nodes with work left share an order."""
+    held = [
+        n.selection.order
+        for n in nodes
+        if n.selection is not None
+        and n.selection.order is not None
+        and n.name not in released
+        and not progress.node_done(cr, n)
+    ]
+    return max(held) + 1 if held else 0
+
+
 def plan(
     *,
     cr: api.NodeWright,
@@ -270,19 +292,27 @@ def plan(
     versions = progress.versions_digest(cr)
     token = cr.metadata.annotations.get(progress.RESET_ANNOTATION, "")
     compartments = dict(book.compartments)
+    # The next node order (``Selection.order``): every reset starts a rollout with its own 0,
+    # past any order a node still holding an admission has (see _first_order).
+    admitted = book.admitted
     if token and token != book.reset_token:
-        compartments = {}
+        compartments, admitted = {}, _first_order(cr, target_nodes, released)
         notes.append("batch state reset by annotation")
     elif book.versions and book.versions != versions and on_version:
-        compartments = {}
+        compartments, admitted = {}, _first_order(cr, target_nodes, released)
         notes.append("batch state reset: package versions changed")
     all_done = bool(target_nodes) and all(progress.node_done(cr, n) for n in target_nodes)
     if (
         all_done
         and on_completion
-        and any(c.nodes or c.state != api.BatchState() or c.planned for c in compartments.values())
+        and (
+            admitted
+            or any(
+                c.nodes or c.state != api.BatchState() or c.planned for c in compartments.values()
+            )
+        )
     ):
-        compartments = {}
+        compartments, admitted = {}, _first_order(cr, target_nodes, released)
         notes.append("batch state reset: rollout complete")
 
     rules = progress.compartment_rules(cr, policy)
@@ -469,9 +499,11 @@ def plan(
                         selected_at=ctx.now,
                         disruptive=progress.disruptive(cr, n),
                         target=target,
+                        order=admitted,
                     ),
                 )
             )
+            admitted += 1
 
         # ---- why the others wait ----
         for n in mine:
@@ -501,7 +533,7 @@ def plan(
         )
 
     kept = {k: v for k, v in compartments.items() if k in known}
-    new_book = BatchBook(compartments=kept, versions=versions, reset_token=token)
+    new_book = BatchBook(compartments=kept, versions=versions, reset_token=token, admitted=admitted)
     if cr.disabled:
         # Disabled: nothing is started, and the batch book is left as it was.
         return Plan(
@@ -532,6 +564,9 @@ class PlannedBatch:
     nodes: tuple[str, ...]
     in_flight: bool = False
     """Already started before the simulation (the batch in flight now)."""
+    orders: tuple[int | None, ...] = ()
+    """Per node of ``nodes``, its node order (``Selection.order``): the one it holds, or the
+    one it will get; None: unknown (an admission without one, or not admitted)."""
 
 
 def _as_done(cr: api.NodeWright, node: NodeFacts) -> NodeFacts:
@@ -577,10 +612,13 @@ def simulate(
         if c.nodes
     ]
     seen = {(b.compartment, b.batch) for b in batches}
+    orders = {n.name: n.selection.order for n in nodes if n.selection is not None}
     first: Plan | None = None
     for _ in range(max_steps):
         p = plan(cr=cr, policy=policy, nodes=list(state.values()), book=book, ctx=ctx)
         first = first or p
+        for a in p.admit:
+            orders[a.node] = a.selection.order
         opened = False
         for comp in p.compartments:
             key = (comp.name, comp.batch.state.current_batch)
@@ -603,4 +641,5 @@ def simulate(
         if not opened and not progressed:
             break
     assert first is not None
+    batches = [replace(b, orders=tuple(orders.get(n) for n in b.nodes)) for b in batches]
     return batches, first

@@ -120,6 +120,7 @@ def _request(
         image=d.image,
         previous=previous,
         desired=d,
+        node_order=w.node.selection.order if w.node.selection is not None else None,
     )
     return replace(
         req,

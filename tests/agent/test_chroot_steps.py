@@ -296,12 +296,15 @@ ls -a "$NODEWRIGHT_CONFIG_DIR" | tr '\\n' ' ' >> $out; echo >> $out
 echo "root_marker=$(cat /.nodewright-test-rootfs)" >> $out
 echo "host_root_var=${{NODEWRIGHT_HOST_ROOT:-unset}}" >> $out
 echo "package=$NODEWRIGHT_PACKAGE@$NODEWRIGHT_PACKAGE_VERSION mode=$NODEWRIGHT_MODE" >> $out
+echo "node_order=${{NODEWRIGHT_NODE_ORDER:-unset}}" >> $out
 """
             )
         },
     )
 
-    result = node.run("apply", pkg, config_dir=config, env={"TOKEN": "s3cret"})
+    result = node.run(
+        "apply", pkg, config_dir=config, env={"TOKEN": "s3cret", "NODEWRIGHT_NODE_ORDER": "3"}
+    )
 
     assert result.returncode == 0, result.events
     seen = node.host(f"{scratch}/seen").read_text().splitlines()
@@ -315,6 +318,7 @@ echo "package=$NODEWRIGHT_PACKAGE@$NODEWRIGHT_PACKAGE_VERSION mode=$NODEWRIGHT_M
     assert seen[5].startswith(("root_marker=debootstrap-", "root_marker=busybox-"))
     assert seen[6] == "host_root_var=unset"  # container-only inputs are not passed to steps
     assert seen[7] == "package=demo@1.0.0 mode=apply"
+    assert seen[8] == "node_order=3"  # the executor's NODEWRIGHT_NODE_ORDER reaches the steps
     # Substituted values never reach the event stream: they may be secrets.
     assert "s3cret" not in json.dumps(result.events)
 

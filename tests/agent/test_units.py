@@ -248,6 +248,18 @@ def test_versions_from_the_executor_are_accepted_as_the_cr_spells_them() -> None
             ["apply", "--force-rerun", "maybe"], {"NODEWRIGHT_CR": "c"}, "boolean", id="bad-bool"
         ),
         pytest.param(
+            ["apply"],
+            {"NODEWRIGHT_CR": "c", "NODEWRIGHT_NODE_ORDER": "-1"},
+            "NODEWRIGHT_NODE_ORDER='-1' is not a non-negative integer",
+            id="negative-order",
+        ),
+        pytest.param(
+            ["apply", "--node-order", "first"],
+            {"NODEWRIGHT_CR": "c"},
+            "NODEWRIGHT_NODE_ORDER='first' is not a non-negative integer",
+            id="bad-order",
+        ),
+        pytest.param(
             ["apply", "--interrupt-id", "x"],
             {"NODEWRIGHT_CR": "c"},
             "only for the interrupt",
@@ -398,6 +410,34 @@ def test_steps_get_the_host_copy_of_the_node_metadata_never_the_container_mount(
     )
     assert env["NODEWRIGHT_CONFIG_DIR"] == "/var/lib/nodewright/c/packages/p/2.0.0/config"
     assert env["X"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        pytest.param({"NODEWRIGHT_NODE_ORDER": "0"}, "0", id="zero-is-passed"),
+        pytest.param({"NODEWRIGHT_NODE_ORDER": "12"}, "12", id="twelve"),
+        pytest.param({"NODEWRIGHT_NODE_ORDER": ""}, None, id="empty-is-unknown"),
+        pytest.param({}, None, id="unset"),
+    ],
+)
+def test_steps_get_the_node_order_only_when_the_executor_passed_one(
+    env: dict[str, str], expected: str | None
+) -> None:
+    environ = {"NODEWRIGHT_CR": "c", **env}
+    settings = settings_of(["apply"], environ)
+    step_env = step_environment(
+        environ=environ,
+        settings=settings,
+        layout=HostLayout(
+            host_root=Path("/host"), state_dir="/var/lib/nodewright", log_dir="/l", cr="c"
+        ),
+        config=CONFIG,
+        stage=Stage.APPLY,
+        from_version=None,
+    )
+    assert settings.node_order == (None if expected is None else int(expected))
+    assert step_env.get("NODEWRIGHT_NODE_ORDER") == expected
 
 
 def _log() -> events.EventLog:

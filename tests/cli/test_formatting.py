@@ -406,3 +406,29 @@ def test_times_are_not_compared_naively() -> None:
     del bare["metadata"]["creationTimestamp"]
     dated = _pod("dated", node="n-1")
     assert [p.name for p in package_cmd.log_pods([dated, bare], "n-1")] == ["bare", "dated"]
+
+
+@pytest.mark.parametrize(
+    ("order", "line"),
+    [
+        pytest.param(
+            0,
+            "  admitted: compartment __default__, batch 1, node order 0, "
+            f"at {T0.isoformat()} (no drain)",
+            id="first-node",
+        ),
+        pytest.param(
+            None,
+            f"  admitted: compartment __default__, batch 1, at {T0.isoformat()} (no drain)",
+            id="unknown-order",
+        ),
+    ],
+)
+def test_node_status_shows_the_admissions_node_order_when_known(
+    order: int | None, line: str
+) -> None:
+    sel = msgspec.structs.replace(_selection(), order=order)
+    obj = node("n-a", labels={"pool": "gpu"}, records={nodestate.SCHEDULER: sel})
+    cr = _cr()
+    lines = node_cmd.describe(node_cmd.view(obj, cr.metadata.name, cr), obj)
+    assert [x for x in lines if x.startswith("  admitted:")] == [line]

@@ -95,18 +95,20 @@ async def _selections(kapi: Kube, cr: str) -> dict[str, nodestate.Selection]:
 
 
 class BatchLog:
-    """Every admission seen: node -> (compartment, batch, selected_at); and per probe, the
-    compartments with a node admitted at that moment."""
+    """Every admission seen: node -> (compartment, batch, selected_at) and its node order;
+    and per probe, the compartments with a node admitted at that moment."""
 
     def __init__(self, kapi: Kube, cr: str) -> None:
         self.kapi, self.cr = kapi, cr
         self.seen: dict[str, tuple[str, int, datetime]] = {}
+        self.orders: dict[str, int | None] = {}
         self.at_once: list[frozenset[str]] = []
 
     async def probe(self) -> int:
         sels = await _selections(self.kapi, self.cr)
         for node, sel in sels.items():
             self.seen.setdefault(node, (sel.compartment, sel.batch, sel.selected_at))
+            self.orders.setdefault(node, sel.order)
         self.at_once.append(frozenset(sel.compartment for sel in sels.values()))
         return len(sels)
 
@@ -174,6 +176,10 @@ async def test_linear_growth_runs_exactly_the_batches_nodewright_plan_predicts(
     planned = {(b["compartment"], b["batch"]): set(b["nodes"]) for b in doc["batches"]}
     assert [b["size"] for b in doc["batches"]] == [1, 2, 3, 4]
     assert "__default__ batch 1: 1 nodes" in plan_cmd.render(doc)
+    planned_orders = {
+        n: o for b in doc["batches"] for n, o in zip(b["nodes"], b["orders"], strict=True)
+    }
+    assert sorted(planned_orders.values()) == list(range(10))
     log = BatchLog(kapi, "lin")
     await asyncio.to_thread(services.fleet.start_all)
     async with Sampler(log.probe) as s:
@@ -185,6 +191,14 @@ async def test_linear_growth_runs_exactly_the_batches_nodewright_plan_predicts(
     # The batches never overlapped: each started after the previous one's nodes were admitted.
     starts = sorted((b, at) for _, (_, b, at) in log.seen.items())
     assert [b for b, _ in starts] == sorted(b for b, _ in starts)
+    # NODEWRIGHT_NODE_ORDER: the admissions are numbered 0..9 across the batches, as the plan
+    # said, each batch after the one before (nothing crashed, so there is no gap).
+    orders = {node: order for node, order in log.orders.items() if order is not None}
+    assert len(orders) == len(log.orders) == 10
+    assert sorted(orders.values()) == list(range(10))
+    assert orders == planned_orders
+    by_batch = sorted((log.seen[n][1], o) for n, o in orders.items())
+    assert [o for _, o in by_batch] == list(range(10))
 
 
 async def test_a_failing_compartment_stops_alone_and_resumes_after_a_reset(

@@ -6,8 +6,11 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import msgspec
+import pytest
+
 from services.executor import core
-from shared import nodestate, pods, progress
+from shared import nodestate, pods, podspec, progress
 from shared.nodestate import (
     CheckRecord,
     DrainRecord,
@@ -498,3 +501,31 @@ def test_a_config_change_during_a_cycle_is_not_taken_as_applied_and_runs_its_own
         "service",
         ("kubelet",),
     )
+
+
+@pytest.mark.parametrize(
+    ("order", "env"),
+    [
+        pytest.param(0, "0", id="the-first-node"),
+        pytest.param(7, "7", id="the-eighth-node"),
+        pytest.param(None, None, id="unknown-is-not-passed"),
+    ],
+)
+def test_stage_pods_get_the_node_order_of_the_admission(order: int | None, env: str | None) -> None:
+    cr = nodewright()
+    sel = msgspec.structs.replace(SEL, order=order)
+    facts = progress.facts(
+        node("n1", records={nodestate.SCHEDULER: sel, nodestate.DRAINER: DRAINED}), CR
+    )
+    (req,) = core.decide(cr=cr, node=facts, node_pods=[], now=T0).create
+    assert req.node_order == order
+    pod = podspec.stage_pod(
+        req,
+        cr=cr,
+        node="n1",
+        node_annotations={},
+        settings=podspec.PodSettings(namespace="nw", agent_image="registry.example/agent:1"),
+    )
+    values = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert values.get("NODEWRIGHT_NODE_ORDER") == env
+    assert values["NODEWRIGHT_TO_VERSION"] == "0.9.0"

@@ -116,15 +116,23 @@ def test_a_fresh_rollout_lists_every_compartment_and_batch() -> None:
             },
         ],
         "batches": [
-            {"compartment": c, "batch": b, "size": len(ns), "nodes": ns, "inFlight": False}
-            for c, b, ns in [
-                ("canary", 1, ["n00"]),
-                ("bulk", 1, ["n02"]),
-                ("__default__", 1, ["n08"]),
-                ("canary", 2, ["n01"]),
-                ("bulk", 2, ["n03", "n04"]),
-                ("__default__", 2, ["n09", "n10"]),
-                ("bulk", 3, ["n05", "n06", "n07"]),
+            {
+                "compartment": c,
+                "batch": b,
+                "size": len(ns),
+                "nodes": ns,
+                "orders": orders,
+                "inFlight": False,
+            }
+            # The node orders they will get: one counter, compartments in rule order.
+            for c, b, ns, orders in [
+                ("canary", 1, ["n00"], [0]),
+                ("bulk", 1, ["n02"], [1]),
+                ("__default__", 1, ["n08"], [2]),
+                ("canary", 2, ["n01"], [3]),
+                ("bulk", 2, ["n03", "n04"], [4, 5]),
+                ("__default__", 2, ["n09", "n10"], [6, 7]),
+                ("bulk", 3, ["n05", "n06", "n07"], [8, 9, 10]),
             ]
         ],
     }

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -722,3 +723,206 @@ def test_selection_records_carry_compartment_and_batch() -> None:
         (DEFAULT_COMPARTMENT, 2),
         (DEFAULT_COMPARTMENT, 2),
     ]
+
+
+# ---- node order (NODEWRIGHT_NODE_ORDER) -------------------------------------------------------
+
+
+def _orders(r: Rollout) -> dict[str, tuple[int, int | None]]:
+    """node -> (batch, order) of every admission the rollout made, in admission order."""
+    return {a.node: (a.selection.batch, a.selection.order) for p in r.plans for a in p.admit}
+
+
+def test_nodes_get_their_zero_based_rollout_order_across_batches() -> None:
+    pol = _policy({"default": {"budget": {"count": 10}, "strategy": _strategy("linear", 1, 1)}})
+    r = Rollout(_cr(), pol, {x.name: x for x in _fleet(10)})
+    r.run()
+    assert _orders(r) == {
+        "n000": (1, 0),
+        "n001": (2, 1),
+        "n002": (2, 2),
+        "n003": (3, 3),
+        "n004": (3, 4),
+        "n005": (3, 5),
+        "n006": (4, 6),
+        "n007": (4, 7),
+        "n008": (4, 8),
+        "n009": (4, 9),
+    }
+    # The book counted them while the rollout ran; completion reset it for the next one.
+    assert max(p.book.admitted for p in r.plans) == 10
+    assert r.book.admitted == 0
+    assert "admitted" not in progress.encode_batch_book(r.book)  # omitted at its default
+
+
+def test_each_compartment_admits_from_the_one_counter_in_rule_order() -> None:
+    pol = _policy(
+        {
+            "default": {"budget": {"count": 10}, "strategy": _strategy("fixed", 2, 0)},
+            "compartments": [
+                {
+                    "name": "canary",
+                    "selector": {"matchLabels": {"canary": "y"}},
+                    "budget": {"count": 1},
+                }
+            ],
+        }
+    )
+    r = Rollout(
+        _cr(), pol, {x.name: x for x in _fleet(5, lambda i: {"canary": "y"} if i < 2 else {})}
+    )
+    r.step()
+    assert [(a.node, a.selection.compartment, a.selection.order) for a in r.plans[0].admit] == [
+        ("n000", "canary", 0),
+        ("n002", DEFAULT_COMPARTMENT, 1),
+        ("n003", DEFAULT_COMPARTMENT, 2),
+    ]
+    assert r.book.admitted == 3
+
+
+def test_every_reset_starts_the_order_at_zero_unless_a_node_still_holds_one() -> None:
+    pol = _policy({"default": {"budget": {"count": 10}, "strategy": _strategy("fixed", 2, 0)}})
+    fleet = _fleet(4)
+    # By annotation, nothing admitted any more: a new rollout with its own node 0.
+    book = BatchBook(admitted=4, versions=progress.versions_digest(_cr()))
+    p = planner.plan(
+        cr=_cr(annotations={progress.RESET_ANNOTATION: "t1"}),
+        policy=pol,
+        nodes=fleet,
+        book=book,
+        ctx=planner.Context(now=T0),
+    )
+    assert [(a.node, a.selection.order) for a in p.admit] == [("n000", 0), ("n001", 1)]
+    assert p.book.admitted == 2
+    # Versions changed while n003 (order 5) still runs: it runs the new packages with its
+    # order, so the new rollout continues past it instead of handing 5 out twice.
+    running = replace(
+        fleet[3],
+        selection=Selection(
+            generation=1,
+            compartment=DEFAULT_COMPARTMENT,
+            batch=3,
+            selected_at=T0,
+            disruptive=False,
+            target="old",
+            order=5,
+        ),
+    )
+    p = planner.plan(
+        cr=_cr(),
+        policy=pol,
+        nodes=[*fleet[:3], running],
+        book=BatchBook(admitted=6, versions="old"),
+        ctx=planner.Context(now=T0),
+    )
+    assert "batch state reset: package versions changed" in p.events
+    assert [(a.node, a.selection.order) for a in p.admit] == [("n000", 6), ("n001", 7)]
+    # Without the version-change reset the count simply goes on.
+    p = planner.plan(
+        cr=_cr(deploymentPolicyOptions={"resetBatchStateOnVersionChange": False}),
+        policy=pol,
+        nodes=fleet,
+        book=BatchBook(admitted=6, versions="old"),
+        ctx=planner.Context(now=T0),
+    )
+    assert [(a.node, a.selection.order) for a in p.admit] == [("n000", 6), ("n001", 7)]
+    # A record without an order (written before the field existed) is unknown, not 0.
+    legacy = msgspec.json.decode(
+        b'{"generation":1,"compartment":"__default__","batch":1,'
+        b'"selected_at":"2026-01-01T00:00:00Z","disruptive":false,"target":"t"}',
+        type=Selection,
+    )
+    assert legacy.order is None
+    p = planner.plan(
+        cr=_cr(),
+        policy=pol,
+        nodes=[*fleet[:3], replace(fleet[3], selection=legacy)],
+        book=BatchBook(admitted=2, versions="old"),
+        ctx=planner.Context(now=T0),
+    )
+    assert [(a.node, a.selection.order) for a in p.admit] == [("n000", 0), ("n001", 1)]
+
+
+def test_completion_resets_the_order_even_without_batch_state() -> None:
+    pol = _policy({"default": {"budget": {"count": 10}}})
+    cr = _cr()
+    done = [planner._as_done(cr, x) for x in _fleet(2)]
+    p = planner.plan(
+        cr=cr, policy=pol, nodes=done, book=BatchBook(admitted=2), ctx=planner.Context(now=T0)
+    )
+    assert p.book.admitted == 0
+    assert p.events == ("batch state reset: rollout complete",)
+    kept = planner.plan(
+        cr=_cr(deploymentPolicyOptions={"resetBatchStateOnCompletion": False}),
+        policy=pol,
+        nodes=done,
+        book=BatchBook(admitted=2),
+        ctx=planner.Context(now=T0),
+    )
+    assert kept.book.admitted == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(rollouts(), st.randoms(use_true_random=False), st.sampled_from([0.0, 0.3, 0.7]))
+def test_node_orders_are_unique_and_increase_with_the_batch_even_across_crashes(
+    case: tuple[api.NodeWright, api.DeploymentPolicy, list[NodeFacts]],
+    rng: random.Random,
+    crash: float,
+) -> None:
+    """The shell writes the book (with the advanced counter) before the admissions; a crash
+    in between loses any subset of them (each is its own node write). The next decision
+    starts from the written book: the lost admissions are made again with new orders."""
+    cr, pol, nodes = case
+    state = {n.name: n for n in nodes}
+    book = BatchBook()
+    written: list[tuple[int, str, int, int]] = []  # (rollout, compartment, batch, order)
+    rollout = 0
+    crashed = False
+    for i in range(600):
+        if i == 5:
+            for name, n in list(state.items()):
+                state[name] = replace(n, ready=True, unschedulable=False)
+        p = planner.plan(
+            cr=cr, policy=pol, nodes=list(state.values()), book=book, ctx=planner.Context(now=T0)
+        )
+        if any("batch state reset" in e for e in p.events):
+            rollout += 1
+        given = [o for a in p.admit if (o := a.selection.order) is not None]
+        assert len(given) == len(p.admit)
+        first = given[0] if given else p.book.admitted
+        assert given == list(range(first, p.book.admitted))
+        for name in p.release:
+            state[name] = replace(state[name], selection=None)
+        book = p.book  # written first, with a resourceVersion precondition
+        lost = rng.random() < crash
+        crashed = crashed or (lost and bool(p.admit))
+        for a in p.admit:
+            if lost and rng.random() < 0.5:
+                continue  # crashed before this admission was written
+            state[a.node] = _selected(state[a.node], a)
+            assert a.selection.order is not None
+            written.append((rollout, a.selection.compartment, a.selection.batch, a.selection.order))
+        for name, n in list(state.items()):
+            if n.selection is not None and rng.random() < 0.6:
+                state[name] = replace(planner._as_done(cr, n), selection=n.selection)
+        if (
+            i > 5
+            and not p.admit
+            and not p.release
+            and all(n.selection is None for n in state.values())
+            and not p.events
+        ):
+            break
+    assert all(progress.node_done(cr, n) for n in state.values())
+    assert book.admitted == 0  # completion reset the counter with the batch state
+    for epoch in set(r for r, *_ in written):
+        mine = [w for w in written if w[0] == epoch]
+        orders = [o for *_, o in mine]
+        assert len(orders) == len(set(orders)), "an order was handed out twice"
+        assert orders == sorted(orders)
+        if not crashed:
+            assert orders == list(range(len(orders)))  # no crash: no gap either
+        for _, comp, batch, order in mine:
+            for _, comp2, batch2, order2 in mine:
+                if comp2 == comp and batch2 > batch:
+                    assert order2 > order

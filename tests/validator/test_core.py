@@ -6,8 +6,11 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import msgspec
+import pytest
+
 from services.validator import core
-from shared import nodestate, progress
+from shared import nodestate, podspec, progress
 from shared.nodestate import (
     CheckRecord,
     DrainRecord,
@@ -202,3 +205,25 @@ def test_verdicts_for_versions_no_longer_wanted_are_dropped() -> None:
     d = core.decide(cr=cr, node=_facts(rec, stale), check_pods=[], now=T0)
     assert d.record is not None
     assert "nvidia-tuned/0.8.0/apply" not in d.record.checks
+
+
+@pytest.mark.parametrize(("order", "env"), [(0, "0"), (3, "3"), (None, None)])
+def test_check_pods_get_the_node_order_of_the_admission(order: int | None, env: str | None) -> None:
+    cr = nodewright()
+    records: dict[str, Any] = {
+        nodestate.SCHEDULER: msgspec.structs.replace(SEL, order=order),
+        nodestate.DRAINER: DRAINED,
+        nodestate.EXECUTOR: APPLIED,
+    }
+    facts = progress.facts(node("n1", records=records), CR)
+    (req,) = core.decide(cr=cr, node=facts, check_pods=[], now=T0).create
+    assert (req.role, req.node_order) == ("check", order)
+    pod = podspec.stage_pod(
+        req,
+        cr=cr,
+        node="n1",
+        node_annotations={},
+        settings=podspec.PodSettings(namespace="nw", agent_image="registry.example/agent:1"),
+    )
+    values = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert values.get("NODEWRIGHT_NODE_ORDER") == env
