@@ -8,9 +8,7 @@ changes.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -22,6 +20,9 @@ from nodewright import manifests
 from nodewright.rig import Rig, nodes
 from shared import api, nodestate
 from shared.kube import ApiError, Kube, path_of
+from tests.helpers.cli import Result, cli
+
+__all__ = ["Objects", "Result", "cli"]
 
 NODES = path_of(plural="nodes")
 Record = (
@@ -31,30 +32,6 @@ Record = (
     | nodestate.ValidatorRecord
     | nodestate.StatusRecord
 )
-
-
-@dataclass(frozen=True)
-class Result:
-    code: int
-    out: str
-    err: str
-
-
-async def cli(rig: Rig, *args: str) -> Result:
-    """Run ``python -m nodewright.cli ARGS --kubeconfig <the rig's>``."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "nodewright.cli",
-        *args,
-        "--kubeconfig",
-        str(rig.endpoints.kubeconfig),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await proc.communicate()
-    assert proc.returncode is not None
-    return Result(proc.returncode, out.decode(), err.decode())
 
 
 @dataclass

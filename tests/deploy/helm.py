@@ -62,3 +62,20 @@ async def render(*extra: str, bin_dir: Path | None = None) -> list[dict[str, Any
     """The documents :func:`template` renders, parsed (empty ones dropped)."""
     text = await template(*extra, bin_dir=bin_dir)
     return [d for d in yaml.safe_load_all(text) if d]
+
+
+async def server_dry_run(bin_dir: Path, kubeconfig: Path, text: str) -> list[str]:
+    """``kubectl apply --server-side --dry-run=server`` of the manifests ``text``: the lines
+    kubectl prints, sorted."""
+    out = await run(
+        str(bin_dir / "kubectl"),
+        "--kubeconfig",
+        str(kubeconfig),
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "-f",
+        "-",
+        stdin=text,
+    )
+    return sorted(out.splitlines())

@@ -11,7 +11,7 @@ from nodewright import manifests
 from nodewright.rig import Rig
 from shared import config
 from shared.kube import Kube
-from tests.deploy.helm import CHART, render, run, template
+from tests.deploy.helm import CHART, render, run, server_dry_run, template
 
 SERVICES = ("scheduler", "drainer", "executor", "validator", "status")
 
@@ -88,18 +88,8 @@ async def test_the_optional_pieces_are_accepted_by_the_api_server(rig: Rig, kapi
         "templates/dashboards.yaml",
         bin_dir=rig.bin_dir,
     )
-    out = await run(
-        str(rig.bin_dir / "kubectl"),
-        "--kubeconfig",
-        str(rig.endpoints.kubeconfig),
-        "apply",
-        "--server-side",
-        "--dry-run=server",
-        "-f",
-        "-",
-        stdin=text,
-    )
-    assert sorted(out.splitlines()) == [
+    applied = await server_dry_run(rig.bin_dir, rig.endpoints.kubeconfig, text)
+    assert applied == [
         "configmap/nodewright-dashboards serverside-applied (server dry run)",
         "validatingadmissionpolicy.admissionregistration.k8s.io/nodewright-package-images "
         "serverside-applied (server dry run)",

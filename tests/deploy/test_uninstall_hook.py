@@ -9,7 +9,7 @@ from typing import Any
 from nodewright import manifests
 from nodewright.rig import Rig
 from shared.kube import Kube
-from tests.deploy.helm import CHART, render, run, template, template_error
+from tests.deploy.helm import CHART, render, run, server_dry_run, template, template_error
 
 ON = ("--set", "uninstallHook.enabled=true")
 LABELS = {
@@ -126,18 +126,8 @@ async def test_the_timeout_sets_the_command_and_the_job_deadline(rig: Rig) -> No
 async def test_the_hook_is_accepted_by_the_api_server(rig: Rig, kapi: Kube) -> None:
     await manifests.ensure_namespace(kapi, "nodewright-system")
     text = await template(*ON, "-s", "templates/uninstall-hook.yaml", bin_dir=rig.bin_dir)
-    out = await run(
-        str(rig.bin_dir / "kubectl"),
-        "--kubeconfig",
-        str(rig.endpoints.kubeconfig),
-        "apply",
-        "--server-side",
-        "--dry-run=server",
-        "-f",
-        "-",
-        stdin=text,
-    )
-    assert sorted(out.splitlines()) == [
+    applied = await server_dry_run(rig.bin_dir, rig.endpoints.kubeconfig, text)
+    assert applied == [
         "clusterrole.rbac.authorization.k8s.io/nodewright-uninstall-all serverside-applied "
         "(server dry run)",
         "clusterrolebinding.rbac.authorization.k8s.io/nodewright-uninstall-all "

@@ -6,7 +6,6 @@ spec.drain says, cordons of others respected, and failed nodes recovered by comm
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from typing import Any
 
@@ -17,6 +16,7 @@ from nodewright.rig import Rig, nodes
 from shared import api, nodestate, progress
 from shared.kube import ApiError, Kube, path_of
 from tests.e2e.conftest import NODES, Sampler, Services, read_cr
+from tests.helpers.cli import cli
 from tests.helpers.waiting import eventually
 
 # End-to-end runs take minutes on 2 cores; the suite-wide 120 s limit is for unit tests.
@@ -72,19 +72,9 @@ async def _condition(kapi: Kube, node: str, cr: str) -> dict[str, Any] | None:
 
 async def _cli(rig: Rig, *args: str) -> str:
     """Run the real command line against the rig; return its output (it must succeed)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "nodewright.cli",
-        *args,
-        "--kubeconfig",
-        str(rig.endpoints.kubeconfig),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await proc.communicate()
-    assert proc.returncode == 0, (args, out.decode(), err.decode())
-    return out.decode()
+    done = await cli(rig, *args)
+    assert done.code == 0, (args, done.out, done.err)
+    return done.out
 
 
 async def _unannotate(kapi: Kube, node: str, key: str) -> None:
