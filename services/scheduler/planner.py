@@ -421,7 +421,23 @@ def plan(
             else:
                 free = budget - busy_here
                 size = entry.planned or first_size(rule.rollout, budget)
-                if free <= 0 and not any(progress.busy(n) for n in candidates):
+                # Nodes of the last batch that are done but not released yet (the drainer is
+                # lifting their cordon) free their slots in a moment: opening the batch now
+                # would make it smaller than its strategy says for no lasting reason.
+                settling = sum(
+                    1
+                    for n in mine
+                    if n.selection is not None
+                    and n.name not in released
+                    and progress.node_done(cr, n)
+                )
+                if settling and free < min(size, len(candidates)):
+                    comp_wait = Reason(
+                        code=progress.WAITING_FOR_BATCH,
+                        message=f"{settling} nodes of compartment {rule.name}'s last batch "
+                        "are being released",
+                    )
+                elif free <= 0 and not any(progress.busy(n) for n in candidates):
                     comp_wait = Reason(
                         code=progress.BUDGET_EXHAUSTED,
                         message=f"{busy_here} of {budget} budgeted nodes of compartment "

@@ -14,8 +14,8 @@ For one (NodeWright, node) pair:
   NodeWright targeting it is validated there (the shell says whether that holds);
 - a node that is *new* to a NodeWright with ``runtimeRequired`` and ``autoTaintNewNodes``
   gets the readiness taint (:func:`auto_taint_due`): it matches the selector, was created
-  no earlier than the NodeWright, has neither executor nor validator record for it, is not
-  ignored, is not tainted already and was never auto-tainted before. The mark
+  no earlier than the NodeWright, is not done with it yet, is not ignored, is not tainted
+  already and was never auto-tainted before. The mark
   :data:`AUTO_TAINTED` written with the taint makes that once per node, ever; a node whose
   tainting NodeWright is gone loses the taint once no other runtime-required NodeWright
   needs it (:func:`lift_orphaned_taint`); with ``reapplyOnReboot`` too, a node that rebooted
@@ -278,11 +278,11 @@ def auto_taint_due(
     ``reapplyOnReboot`` too, it rebooted since its packages were applied.
 
     New means created no earlier than the NodeWright (timestamps have whole seconds, so a
-    node created in the same second counts as new) and without an executor or validator
-    record for it: the reference taints every node without a record, which on turning the
-    feature on taints a whole fleet already running workloads. A scheduler or drainer
-    record does not count: the scheduler may admit a new node before the taint is added,
-    and nothing has changed on the node yet.
+    node created in the same second counts as new) and not ``done`` with it yet: the
+    reference taints every node without a record, which on turning the feature on taints a
+    whole fleet already running workloads. Records of other services do not count: the
+    scheduler may admit a new node, and the executor start on it, before the validator gets
+    to add the taint; its packages are not in place yet, so the taint is still due.
 
     Rebooted (``boot_id``) means the scheduler asked for the reset a reboot causes in this
     boot (``requests``, see ``nodestate.reboot_requester``), the node is not ``done`` with
@@ -306,12 +306,7 @@ def auto_taint_due(
         rebooted = requests is not None and any(r.by == by for r in requests.requests)
         if rebooted and annotations.get(AUTO_TAINTED_BOOT) != boot_id:
             return True
-    if AUTO_TAINTED in annotations:
-        return False
-    name = cr.metadata.name
-    if any(
-        nodestate.key(o, name) in annotations for o in (nodestate.EXECUTOR, nodestate.VALIDATOR)
-    ):
+    if AUTO_TAINTED in annotations or done:
         return False
     node_created, cr_created = _timestamp(created), cr.metadata.creation_timestamp
     if node_created is None or cr_created is None:

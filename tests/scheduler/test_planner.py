@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 from services.scheduler import planner
 from shared import api, progress
-from shared.nodestate import ExecutorRecord, PackageRecord, Selection
+from shared.nodestate import DrainRecord, ExecutorRecord, PackageRecord, Selection
 from shared.progress import DEFAULT_COMPARTMENT, BatchBook, NodeFacts
 from tests.helpers.facts import T0, node, nodewright
 
@@ -926,3 +926,29 @@ def test_node_orders_are_unique_and_increase_with_the_batch_even_across_crashes(
             for _, comp2, batch2, order2 in mine:
                 if comp2 == comp and batch2 > batch:
                     assert order2 > order
+
+
+def test_the_next_batch_waits_for_the_last_one_to_be_released_rather_than_shrink() -> None:
+    pol = _policy({"default": {"budget": {"count": 3}, "strategy": _strategy("linear", 1, 1)}})
+    r = Rollout(_cr(), pol, {n.name: n for n in _fleet(6)})
+    r.step()  # batch 1: n000
+    r.finish_admitted()
+    r.step()  # n000 released, batch 2: n001, n002
+    r.finish_admitted()
+    # n001 is done but the drainer still holds its cordon: it keeps its slot a moment longer.
+    cordon = DrainRecord(phase="drained", cordoned=True, started=T0, since=T0)
+    r.nodes["n001"] = replace(r.nodes["n001"], drain=cordon)
+    p = r.step()
+    assert p.admit == ()
+    entry = r.book.compartments[DEFAULT_COMPARTMENT]
+    assert (entry.state.current_batch, entry.nodes) == (3, ()), "not opened with 2 of 3 nodes"
+    (comp,) = p.compartments
+    assert comp.waiting is not None
+    assert comp.waiting.code == "WaitingForBatch"
+    assert (
+        comp.waiting.message == "1 nodes of compartment __default__'s last batch are being released"
+    )
+    # Released: batch 3 opens at its full size.
+    r.nodes["n001"] = replace(r.nodes["n001"], drain=None)
+    p = r.step()
+    assert [a.node for a in p.admit] == ["n003", "n004", "n005"]

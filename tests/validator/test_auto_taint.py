@@ -1,5 +1,5 @@
 """autoTaintNewNodes: the validator taints only nodes that are new to a runtimeRequired
-NodeWright (created after it, no executor or validator record, not ignored, not tainted),
+NodeWright (created after it, not done with it yet, not ignored, not tainted),
 marks them so they are never tainted twice, and lifts the taint after validation; with
 reapplyOnReboot a node that rebooted is tainted again, once per boot, until it is done."""
 
@@ -106,11 +106,21 @@ def test_a_node_admitted_by_the_scheduler_before_the_taint_came_is_still_tainted
     ],
     ids=["executor-working", "executor-reset", "validator-reset"],
 )
-def test_a_node_with_an_executor_or_validator_record_is_not_tainted(
+def test_a_new_node_other_services_started_on_before_the_taint_came_is_still_tainted(
     owner: str, record: msgspec.Struct
 ) -> None:
+    # The validator may come after the scheduler and the executor: the packages are not in
+    # place yet, so the node still must not take workloads.
     raw = _node(records={nodestate.SCHEDULER: SEL, owner: record})
-    assert not _decide(_cr(), raw).add_readiness_taint
+    assert _decide(_cr(), raw).add_readiness_taint
+
+
+def test_a_new_node_already_done_with_the_nodewright_is_not_tainted() -> None:
+    cr = _cr()
+    validated = ValidatorRecord(validated=progress.target_digest(cr), at=T0)
+    raw = _node(records={nodestate.EXECUTOR: DONE_EXE, nodestate.VALIDATOR: validated})
+    assert progress.node_done(cr, progress.facts(raw, CR)), "the premise"
+    assert not _decide(cr, raw).add_readiness_taint
 
 
 @pytest.mark.parametrize(
