@@ -692,6 +692,12 @@ class CompartmentBatch(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
     """Nominal size of the batch in flight, or of the next one once a batch finished (0: the
     first batch). Already capped by the budget; a batch is smaller only when fewer nodes
     are eligible or budget slots are free."""
+    orders: tuple[int, ...] = ()
+    """The node order reserved for each of :attr:`nodes` (same length) when the batch
+    opened: an admission whose write failed (the node changed meanwhile) or that a crash
+    cut off is made again with the same order, so orders have no gap. Empty in a book
+    written before the field existed: the admissions then take the next of
+    :attr:`BatchBook.admitted`."""
 
 
 class BatchBook(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -705,10 +711,11 @@ class BatchBook(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     reset_token: str = ""
     """The last value of :data:`RESET_ANNOTATION` acted on."""
     admitted: int = 0
-    """Admissions made in the current rollout: the next admitted node gets this as its
-    :attr:`Selection.order <shared.nodestate.Selection.order>`. Advanced by the planner and
-    written (with the book, before the admissions) so a crash in between leaves a gap in the
-    orders, never a duplicate. Back to 0 whenever the batch state resets."""
+    """Node orders handed out in the current rollout: the next batch's nodes get this one
+    and on (:attr:`Selection.order <shared.nodestate.Selection.order>`, reserved in
+    :attr:`CompartmentBatch.orders`). Advanced by the planner and written with the book
+    before the admissions, so an order is never handed out twice. Back to 0 whenever the
+    batch state resets."""
 
 
 def read_batch_book(annotations: Mapping[str, str]) -> BatchBook:

@@ -27,10 +27,12 @@ Per compartment (``shared.progress.compartment_rules``: the policy's compartment
 - **Resets** of the batch book: a new value of the reset annotation, a change of package
   versions (``resetBatchStateOnVersionChange``), completion of every target node
   (``resetBatchStateOnCompletion``); without a policy both flags are true.
-- **Node order**: each admission gets ``Selection.order = book.admitted + i`` (i in
-  admission order: compartments in rule order, a batch's nodes in node order) and the new
-  book counts them, so orders are unique and increasing within a rollout (the shell writes
-  the book before the admissions: a crash in between leaves a gap, never a duplicate). A
+- **Node order**: a batch reserves ``book.admitted + i`` for its i-th node when it opens
+  (compartments in rule order, a batch's nodes in node order; ``CompartmentBatch.orders``)
+  and the new book counts them; each admission takes its node's reserved order. So orders
+  are unique and increasing within a rollout, and an admission made again (its node write
+  lost a race, or the shell crashed after writing the book) keeps its order: no gap, no
+  duplicate. Only a reserved node leaving the batch before its admission leaves a gap. A
   reset starts the count at 0 again, so each rollout has its own node 0, unless a node
   admitted before the reset still has work left: then past its order, never reusing one.
 - **Gates** on starting a node (work in progress always finishes): pause and disable,
@@ -396,6 +398,7 @@ def plan(
                     ),
                     nodes=entry.nodes,
                     planned=entry.planned,
+                    orders=entry.orders,
                 )
             else:
                 entry, note = _finish(
@@ -465,7 +468,9 @@ def plan(
                         ),
                         nodes=chosen,
                         planned=size,
+                        orders=tuple(range(admitted, admitted + len(chosen))),
                     )
+                    admitted += len(chosen)
                     notes.append(
                         f"compartment {rule.name} batch {state.current_batch} opened with "
                         f"{len(chosen)} nodes"
@@ -473,6 +478,11 @@ def plan(
 
         # ---- admit the members of the batch in flight ----
         in_batch = set(entry.nodes)
+        reserved = (
+            dict(zip(entry.nodes, entry.orders, strict=True))
+            if len(entry.orders) == len(entry.nodes)
+            else {}
+        )
         for name in entry.nodes:
             member = by_name.get(name)
             if member is None or member.selection is not None:
@@ -515,11 +525,12 @@ def plan(
                         selected_at=ctx.now,
                         disruptive=progress.disruptive(cr, n),
                         target=target,
-                        order=admitted,
+                        order=reserved.get(name, admitted),
                     ),
                 )
             )
-            admitted += 1
+            if name not in reserved:
+                admitted += 1  # a book from before reservations: the next order
 
         # ---- why the others wait ----
         for n in mine:

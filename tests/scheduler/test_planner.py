@@ -843,6 +843,47 @@ def test_every_reset_starts_the_order_at_zero_unless_a_node_still_holds_one() ->
     assert [(a.node, a.selection.order) for a in p.admit] == [("n000", 0), ("n001", 1)]
 
 
+def test_an_admission_made_again_keeps_the_order_reserved_for_it() -> None:
+    """The linear e2e test once saw orders 1..10: the first node's admission lost a race with
+    a status write on the node, and the next pass admitted it again with the next order."""
+    pol = _policy({"default": {"budget": {"count": 10}, "strategy": _strategy("fixed", 2, 0)}})
+    fleet = _fleet(3)
+    first = planner.plan(
+        cr=_cr(), policy=pol, nodes=fleet, book=BatchBook(), ctx=planner.Context(now=T0)
+    )
+    assert [(a.node, a.selection.order) for a in first.admit] == [("n000", 0), ("n001", 1)]
+    assert first.book.compartments[DEFAULT_COMPARTMENT].orders == (0, 1)
+    # Only n001's write landed; the book was written before either.
+    n001 = next(a for a in first.admit if a.node == "n001")
+    again = planner.plan(
+        cr=_cr(),
+        policy=pol,
+        nodes=[fleet[0], _selected(fleet[1], n001), fleet[2]],
+        book=first.book,
+        ctx=planner.Context(now=T0),
+    )
+    assert [(a.node, a.selection.order) for a in again.admit] == [("n000", 0)]
+    assert again.book.admitted == 2
+    # A book written before reservations existed: the admission takes the next order.
+    legacy = msgspec.structs.replace(
+        first.book,
+        compartments={
+            DEFAULT_COMPARTMENT: msgspec.structs.replace(
+                first.book.compartments[DEFAULT_COMPARTMENT], orders=()
+            )
+        },
+    )
+    old = planner.plan(
+        cr=_cr(),
+        policy=pol,
+        nodes=[fleet[0], _selected(fleet[1], n001), fleet[2]],
+        book=legacy,
+        ctx=planner.Context(now=T0),
+    )
+    assert [(a.node, a.selection.order) for a in old.admit] == [("n000", 2)]
+    assert old.book.admitted == 3
+
+
 def test_completion_resets_the_order_even_without_batch_state() -> None:
     pol = _policy({"default": {"budget": {"count": 10}}})
     cr = _cr()
@@ -864,14 +905,15 @@ def test_completion_resets_the_order_even_without_batch_state() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(rollouts(), st.randoms(use_true_random=False), st.sampled_from([0.0, 0.3, 0.7]))
-def test_node_orders_are_unique_and_increase_with_the_batch_even_across_crashes(
+def test_node_orders_are_unique_gapless_and_increase_with_the_batch_even_across_crashes(
     case: tuple[api.NodeWright, api.DeploymentPolicy, list[NodeFacts]],
     rng: random.Random,
     crash: float,
 ) -> None:
-    """The shell writes the book (with the advanced counter) before the admissions; a crash
-    in between loses any subset of them (each is its own node write). The next decision
-    starts from the written book: the lost admissions are made again with new orders."""
+    """The shell writes the book (with the advanced counter and the batch's reserved orders)
+    before the admissions; a crash in between, or a node write that loses a race, loses any
+    subset of them (each is its own node write). The next decision starts from the written
+    book: the lost admissions are made again with the orders reserved for them."""
     cr, pol, nodes = case
     state = {n.name: n for n in nodes}
     book = BatchBook()
@@ -889,8 +931,8 @@ def test_node_orders_are_unique_and_increase_with_the_batch_even_across_crashes(
             rollout += 1
         given = [o for a in p.admit if (o := a.selection.order) is not None]
         assert len(given) == len(p.admit)
-        first = given[0] if given else p.book.admitted
-        assert given == list(range(first, p.book.admitted))
+        assert len(set(given)) == len(given)
+        assert all(o < p.book.admitted for o in given)
         for name in p.release:
             state[name] = replace(state[name], selection=None)
         book = p.book  # written first, with a resourceVersion precondition
@@ -919,9 +961,9 @@ def test_node_orders_are_unique_and_increase_with_the_batch_even_across_crashes(
         mine = [w for w in written if w[0] == epoch]
         orders = [o for *_, o in mine]
         assert len(orders) == len(set(orders)), "an order was handed out twice"
-        assert orders == sorted(orders)
+        assert sorted(orders) == list(range(len(orders))), "a gap in the orders"
         if not crashed:
-            assert orders == list(range(len(orders)))  # no crash: no gap either
+            assert orders == sorted(orders)  # no admission made again: in admission order
         for _, comp, batch, order in mine:
             for _, comp2, batch2, order2 in mine:
                 if comp2 == comp and batch2 > batch:
