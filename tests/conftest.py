@@ -8,6 +8,7 @@ Tests that use the ``rig`` fixture (directly or through ``kube``/``namespace``) 
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -35,12 +36,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def rig() -> Iterator[Rig]:
     """The control plane and NATS, started once for the whole test run."""
-    the_rig = Rig()
+    # NW_TEST_KEEP_RIG=1 keeps the rig's directory (service logs, etcd) to debug a
+    # failed run; its path is printed.
+    keep = os.environ.get("NW_TEST_KEEP_RIG") == "1"
+    the_rig = Rig(keep_work_dir=keep)
     the_rig.start()
     try:
         yield the_rig
     finally:
         the_rig.stop()
+        if keep:
+            print(f"rig directory kept: {the_rig.dir}")
 
 
 async def api_client(rig: Rig) -> client.ApiClient:

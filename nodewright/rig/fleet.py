@@ -80,6 +80,7 @@ class Fleet:
     extra_env: dict[str, str] = field(default_factory=dict)
     replicas: dict[str, list[Replica]] = field(default_factory=dict)
     _next_index: dict[str, int] = field(default_factory=dict)
+    _log_starts: dict[Path, int] = field(default_factory=dict)
     _kubeconfigs: dict[str, Path] = field(default_factory=dict)
 
     def _kubectl(self, *args: str, stdin: str = "") -> str:
@@ -149,6 +150,8 @@ class Fleet:
             self._next_index[service] = index + 1
             port = free_port()
             log = self.rig.dir / f"{service}-{index}.log"
+            # Logs are appended to across fleets of one rig: remember where this one starts.
+            self._log_starts.setdefault(log, log.stat().st_size if log.exists() else 0)
             with log.open("ab") as out:
                 popen = subprocess.Popen(
                     [sys.executable, "-m", f"services.{service}"],
@@ -204,6 +207,24 @@ class Fleet:
                         f"exited with code {replica.popen.returncode}",
                         _tail(replica.log),
                     )
+
+    def digest(self, lines: int = 15) -> str:
+        """What every replica this fleet started logged above info level (the last
+        ``lines`` of each), and its last line: for a failed test's report."""
+        out: list[str] = []
+        for log, start in sorted(self._log_starts.items()):
+            try:
+                with log.open("rb") as f:
+                    f.seek(start)
+                    text = f.read().decode(errors="replace").splitlines()
+            except OSError:
+                continue
+            loud = [t for t in text if '"level":"info"' not in t and '"level":"debug"' not in t]
+            out.append(f"--- {log.name}: {len(text)} lines, {len(loud)} above info ---")
+            out.extend(t[:600] for t in loud[-lines:])
+            if text and (not loud or text[-1] != loud[-1]):
+                out.append(text[-1][:600])
+        return "\n".join(out)
 
     def stop(self, timeout_s: float = 30.0) -> dict[str, int]:
         """SIGTERM every replica, wait, SIGKILL stragglers; return exit codes by name."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,9 +81,25 @@ class Services:
     namespace: str
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Keep each phase's report on the item, so fixtures can tell a failed test."""
+    report = yield
+    item.stash.setdefault(_REPORTS, {})[report.when] = report
+    return report
+
+
+_REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
 @pytest.fixture
-async def services(rig: Rig, cluster: Kube) -> AsyncIterator[Services]:
-    """The five services as processes in a fresh namespace; the test starts them."""
+async def services(
+    rig: Rig, cluster: Kube, request: pytest.FixtureRequest
+) -> AsyncIterator[Services]:
+    """The five services as processes in a fresh namespace; the test starts them. When the
+    test failed, what the services logged above info level is printed with its report."""
     ns = f"nw-{uuid.uuid4().hex[:8]}"
     await manifests.ensure_namespace(cluster, ns)
     fleet = Fleet(
@@ -97,6 +113,9 @@ async def services(rig: Rig, cluster: Kube) -> AsyncIterator[Services]:
     try:
         yield Services(fleet=fleet, namespace=ns)
     finally:
+        call = request.node.stash.get(_REPORTS, {}).get("call")
+        if call is not None and call.failed:
+            print(f"services of the failed test:\n{fleet.digest()}")
         codes = await asyncio.to_thread(fleet.stop)
         await cluster.delete_if_present(path_of(plural="namespaces", name=ns))
         bad = {name: code for name, code in codes.items() if code not in (0, -9)}

@@ -28,7 +28,7 @@ from services.status import kube_events
 from shared import api, nodestate, podspec, progress
 from shared.kube import ApiError, Kube, path_of
 from tests.e2e.conftest import NODES, Sampler, Services, read_cr
-from tests.helpers.waiting import eventually
+from tests.helpers.waiting import Pending, eventually
 
 # End-to-end runs take minutes on 2 cores; the suite-wide 120 s limit is for unit tests.
 pytestmark = pytest.mark.timeout(600)
@@ -154,9 +154,13 @@ async def _done(kapi: Kube, cr: str) -> dict[str, str]:
     }
 
 
-async def _all_done(kapi: Kube, cr: str) -> bool:
+async def _all_done(kapi: Kube, cr: str) -> bool | Pending:
     turns = await _done(kapi, cr)
-    return bool(turns) and set(turns.values()) == {"done"}
+    if turns and set(turns.values()) == {"done"}:
+        return True
+    return Pending(
+        f"{cr}: nodes not done: { {n: t for n, t in sorted(turns.items()) if t != 'done'} }"
+    )
 
 
 async def test_linear_growth_runs_exactly_the_batches_nodewright_plan_predicts(
@@ -324,7 +328,7 @@ async def test_two_nodewrights_under_a_cluster_budget_of_one_never_disrupt_two_n
         await manifests.apply(kapi, _cr("first", pool="a", interruptionBudget={"count": 1}))
         await manifests.apply(kapi, _cr("second", pool="b", interruptionBudget={"count": 1}))
 
-        async def both_done() -> bool:
+        async def both_done() -> bool | Pending:
             return await _all_done(kapi, "first") and await _all_done(kapi, "second")
 
         await eventually(both_done, timeout_s=170, interval_s=1, what="both rollouts")

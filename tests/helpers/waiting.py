@@ -5,11 +5,22 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 import pytest
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A falsy probe result that says what is still missing, so a timeout names it."""
+
+    what: str
+
+    def __bool__(self) -> bool:
+        return False
 
 
 async def eventually(
