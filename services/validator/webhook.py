@@ -72,6 +72,10 @@ class WebhookSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     cert_secret: str = "nodewright-validator-tls"
     """Secret holding the CA and serving certificate, shared by replicas; empty keeps them in
     memory only (one replica, a new CA on every start)."""
+    cert_owner: str = ""
+    """Deployment (in ``namespace``) that owns the certificate Secret, so the garbage
+    collector deletes the Secret with it (``helm uninstall``); empty: no owner, the Secret
+    stays until deleted by hand."""
     timeout_seconds: Annotated[int, msgspec.Meta(ge=1, le=30)] = 5
     """How long the API server waits for an answer. Short: with failurePolicy Fail a hung
     webhook blocks every write of the two kinds."""
@@ -237,7 +241,65 @@ class _SecretStore:
         self._kube = kube
         self._path = path_of(plural="secrets", namespace=settings.namespace)
         self._name = settings.cert_secret
+        self._owner = settings.cert_owner
+        self._owner_path = path_of(
+            group="apps", plural="deployments", namespace=settings.namespace, name=self._owner
+        )
         self._version = ""
+        self._refs: list[dict[str, Any]] = []
+        """The stored Secret's owner references (kept when the owner cannot be read)."""
+
+    async def _owner_references(self) -> list[dict[str, Any]] | None:
+        """The Secret's owner reference to :attr:`WebhookSettings.cert_owner`; None when no
+        owner is configured or it cannot be read (the certificate matters more than its
+        clean-up: admission keeps working, the Secret is then left behind on uninstall)."""
+        if not self._owner:
+            return None
+        try:
+            owner = await self._kube.get(self._owner_path)
+        except ApiError as exc:
+            _log.warning(
+                "Failed to read the webhook certificate owner",
+                extra={"deployment": self._owner, "error": str(exc)},
+            )
+            return None
+        return [
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "name": self._owner,
+                "uid": owner["metadata"]["uid"],
+            }
+        ]
+
+    async def _refs_to_write(self) -> list[dict[str, Any]]:
+        return await self._owner_references() or self._refs
+
+    async def _adopt(self, secret: Mapping[str, Any]) -> None:
+        """Give a Secret written without an owner (an older validator, a lost lookup) its
+        owner reference, so it is garbage-collected with the Deployment."""
+        refs = secret["metadata"].get("ownerReferences") or []
+        if not self._owner or any(
+            r.get("kind") == "Deployment" and r.get("name") == self._owner for r in refs
+        ):
+            return
+        wanted = await self._owner_references()
+        if wanted is None:
+            return
+        body = {
+            "metadata": {
+                "resourceVersion": self._version,
+                "ownerReferences": [*refs, *wanted],
+            }
+        }
+        try:
+            patched = await self._kube.patch(f"{self._path}/{self._name}", body)
+        except ApiError as exc:
+            if not exc.conflict:
+                raise
+            return  # another replica changed it; the next pass looks again
+        self._version = str(patched["metadata"]["resourceVersion"])
+        self._refs = list(patched["metadata"].get("ownerReferences") or [])
 
     async def load(self) -> CertBundle | None:
         try:
@@ -248,6 +310,8 @@ class _SecretStore:
                 return None
             raise
         self._version = str(secret["metadata"]["resourceVersion"])
+        self._refs = list(secret["metadata"].get("ownerReferences") or [])
+        await self._adopt(secret)
         data: Mapping[str, str] = secret.get("data") or {}
         try:
             return CertBundle(
@@ -271,6 +335,7 @@ class _SecretStore:
             "metadata": {
                 "name": self._name,
                 "labels": {"app.kubernetes.io/managed-by": "nodewright-validator"},
+                **({"ownerReferences": refs} if (refs := await self._refs_to_write()) else {}),
             },
             "data": {
                 "ca.crt": b64encode(bundle.ca_cert).decode(),

@@ -11,6 +11,7 @@ import copy
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
 import pytest
 from cryptography import x509
 
@@ -294,6 +295,64 @@ async def test_replicas_share_the_certificate_kept_in_a_secret(
         assert "127.0.0.1" in {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)}
     finally:
         await crd_kube.delete(f"{VWCS}/{settings.configuration_name}")
+
+
+async def test_the_certificate_secret_is_owned_by_the_validator_deployment(
+    crd_kube: Kube, namespace: str
+) -> None:
+    """helm uninstall deletes the validator's Deployment; the garbage collector then deletes
+    the Secret the validator wrote at run time. A Secret written without an owner (an older
+    validator) is adopted the next time a validator reads it."""
+    deployments = path_of(group="apps", plural="deployments", namespace=namespace)
+    labels = {"app": "validator"}
+    deployment = {
+        "metadata": {"name": "nodewright-validator"},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "v", "image": "example.invalid/v:1"}]},
+            },
+        },
+    }
+    owner = await crd_kube.create(deployments, deployment)
+    secret_path = path_of(plural="secrets", namespace=namespace, name="validator-tls")
+    unowned = _settings(namespace)
+    owned = msgspec.structs.replace(unowned, cert_owner="nodewright-validator")
+    try:
+        async with webhook.serve_webhook(crd_kube, unowned) as first:
+            assert await first.ready()
+        secret = await crd_kube.get(secret_path)
+        assert not secret["metadata"].get("ownerReferences")
+        async with webhook.serve_webhook(crd_kube, owned) as second:
+            assert second.bundle == first.bundle  # adopted, not re-issued
+        secret = await crd_kube.get(secret_path)
+        assert [
+            (r["kind"], r["name"], r["uid"]) for r in secret["metadata"]["ownerReferences"]
+        ] == [("Deployment", "nodewright-validator", owner["metadata"]["uid"])]
+        await crd_kube.delete(f"{deployments}/nodewright-validator")
+
+        async def collected() -> bool:
+            try:
+                await crd_kube.get(secret_path)
+            except ApiError as exc:
+                return exc.not_found
+            return False
+
+        await eventually(collected, timeout_s=60, what="the garbage collector to delete the Secret")
+        # An owner that cannot be read is logged and the Secret written without one
+        # (admission matters more than clean-up); once it is back, the Secret is adopted.
+        async with webhook.serve_webhook(crd_kube, owned) as third:
+            assert await third.ready()
+        assert not (await crd_kube.get(secret_path))["metadata"].get("ownerReferences")
+        again = await crd_kube.create(deployments, deployment)
+        async with webhook.serve_webhook(crd_kube, owned):
+            pass
+        refs = (await crd_kube.get(secret_path))["metadata"]["ownerReferences"]
+        assert [r["uid"] for r in refs] == [again["metadata"]["uid"]]
+    finally:
+        await crd_kube.delete(f"{VWCS}/{unowned.configuration_name}")
 
 
 async def test_a_blanked_ca_bundle_is_restored(crd_kube: Kube, namespace: str) -> None:
