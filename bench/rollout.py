@@ -13,6 +13,8 @@ Prints one JSON object:
 - ``overhead_ratio``: wall / minimum;
 - ``api_requests``: API server requests during the rollout by verb and resource, read from
   the API server's own ``apiserver_request_total`` metric (after minus before);
+- ``api_requests_by_service``: the same split by the service that made them, from each
+  replica's ``nodewright_kube_requests_total`` (watches and the baseline's reads included);
 - ``events_published``: messages added to the event stream;
 - ``peak_rss_mb``: peak resident memory per service process (VmHWM).
 """
@@ -63,6 +65,29 @@ def api_requests(rig: Rig) -> Counter[str]:
     return counts
 
 
+_OWN_METRIC = re.compile(
+    r"^nodewright_kube_requests_total\{(?P<labels>[^}]*)\} (?P<value>[0-9.e+]+)$"
+)
+
+
+def service_requests(fleet: Fleet) -> dict[str, Counter[str]]:
+    """Per service, its requests by "VERB resource" (every replica's /metrics summed)."""
+    out: dict[str, Counter[str]] = {}
+    for service, replicas in fleet.replicas.items():
+        counts = out.setdefault(service, Counter())
+        for r in replicas:
+            url = f"http://127.0.0.1:{r.health_port}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                text = resp.read().decode()
+            for line in text.splitlines():
+                m = _OWN_METRIC.match(line)
+                if m:
+                    labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group("labels")))
+                    key = f"{labels['verb']} {labels['resource']}"
+                    counts[key] += int(float(m.group("value")))
+    return out
+
+
 async def stream_messages(url: str) -> int:
     nc = await nats.connect(url)
     try:
@@ -94,6 +119,7 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
         await asyncio.to_thread(fleet.start_all)
         await asyncio.sleep(2)  # let the services' caches settle before measuring
         before_api = api_requests(rig)
+        before_own = service_requests(fleet)
         before_events = await stream_messages(rig.endpoints.nats_url)
         cr = {
             "apiVersion": "nodewright.nvidia.com/v1alpha1",
@@ -119,6 +145,7 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
             await asyncio.sleep(0.5)
         wall = time.monotonic() - t0
         after_api = api_requests(rig)
+        after_own = service_requests(fleet)
         after_events = await stream_messages(rig.endpoints.nats_url)
         listed = await kube.get(path_of(plural="nodes"), labelSelector="nodepool=gpu")
         assert len(listed["items"]) == args.nodes
@@ -135,6 +162,13 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
         "overhead_ratio": round(wall / minimum, 2),
         "api_requests_total": sum(delta.values()),
         "api_requests": dict(sorted(delta.items(), key=lambda kv: -kv[1])),
+        "api_requests_by_service": {
+            service: {
+                "total": sum((after_own[service] - before_own.get(service, Counter())).values()),
+                **dict((after_own[service] - before_own.get(service, Counter())).most_common(8)),
+            }
+            for service in sorted(after_own)
+        },
         "events_published": after_events - before_events,
         "peak_rss_mb": {
             r.name: round(r.peak_rss_bytes() / 2**20, 1)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
 
 from kubernetes_asyncio import client, config
+from prometheus_client import CollectorRegistry, Counter
 
 from shared.config import KubeSettings
 
@@ -79,9 +80,48 @@ def path_of(
     return base
 
 
+def resource_of(path: str) -> str:
+    """The resource a REST path names, with its subresource: ``nodes``, ``nodes/status``,
+    ``pods/eviction``, ``nodewrights``; a non-resource path as itself (``/readyz``)."""
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    if parts[:1] == ["api"]:
+        rest = parts[2:]
+    elif parts[:1] == ["apis"]:
+        rest = parts[3:]
+    else:
+        return "/" + "/".join(parts)
+    if len(rest) > 2 and rest[0] == "namespaces":
+        rest = rest[2:]  # namespaced: the namespace is not the resource
+    if not rest:
+        return ""
+    return rest[0] if len(rest) < 3 else f"{rest[0]}/{rest[2]}"
+
+
+RequestObserver = Callable[[str, str, str], None]
+"""Called once per API request with (verb, resource, code): what the process asks for."""
+
+
+def request_counter(registry: CollectorRegistry) -> RequestObserver:
+    """A :data:`RequestObserver` counting requests in ``registry`` (client-go's
+    ``rest_client_requests_total``, by resource too), so an operator sees which service
+    writes what and a benchmark can split the API load by service."""
+    counter = Counter(
+        "nodewright_kube_requests",
+        "Kubernetes API requests made, by verb (WATCH for watches), resource and HTTP code",
+        ["verb", "resource", "code"],
+        registry=registry,
+    )
+
+    def observe(verb: str, resource: str, code: str) -> None:
+        counter.labels(verb, resource, code).inc()
+
+    return observe
+
+
 @dataclass(frozen=True)
 class Kube:
     api: client.ApiClient
+    observe: RequestObserver | None = None
 
     async def ready(self) -> bool:
         """True when the API server answers /readyz."""
@@ -102,16 +142,24 @@ class Kube:
         params = [
             (k, str(v).lower() if isinstance(v, bool) else v) for k, v in (query or {}).items()
         ]
-        return await self.api.call_api(
-            path,
-            method,
-            query_params=params,
-            header_params={"Accept": accept, "Content-Type": content_type},
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=timeout_s,
-        )
+        code = "error"  # no answer: a timeout or a connection failure
+        try:
+            resp = await self.api.call_api(
+                path,
+                method,
+                query_params=params,
+                header_params={"Accept": accept, "Content-Type": content_type},
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=timeout_s,
+            )
+            code = str(resp.status)
+            return resp
+        finally:
+            if self.observe is not None:
+                verb = "WATCH" if (query or {}).get("watch") is True else method
+                self.observe(verb, resource_of(path), code)
 
     async def request(
         self,
@@ -271,7 +319,10 @@ async def configuration(settings: KubeSettings) -> client.Configuration:
 
 
 @contextlib.asynccontextmanager
-async def connect(settings: KubeSettings) -> AsyncIterator[Kube]:
+async def connect(
+    settings: KubeSettings, *, registry: CollectorRegistry | None = None
+) -> AsyncIterator[Kube]:
+    """One client for the process; with ``registry``, its requests are counted there."""
     cfg = await configuration(settings)
     async with client.ApiClient(configuration=cfg) as api:
-        yield Kube(api)
+        yield Kube(api, observe=request_counter(registry) if registry is not None else None)

@@ -167,7 +167,7 @@ async def _context(*, name: str, settings: ServiceSettings) -> AsyncIterator[Ser
         nats_bus = await stack.enter_async_context(
             bus.connect(settings.nats, name=f"{name}/{identity}", stopping=supervisor.stopping)
         )
-        api = await stack.enter_async_context(kube.connect(settings.kube))
+        api = await stack.enter_async_context(kube.connect(settings.kube, registry=registry))
         probes.add("nats", nats_bus.ready)
         probes.add("kube", api.ready)
         port = await stack.enter_async_context(

@@ -1,0 +1,55 @@
+"""The API client's request accounting: the resource a path names, and the counter every
+service exposes on /metrics (checked against the real API server)."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from shared.kube import ApiError, Kube, path_of, request_counter, resource_of
+
+
+@pytest.mark.parametrize(
+    ("path", "resource"),
+    [
+        ("/api/v1/nodes", "nodes"),
+        ("/api/v1/nodes/gpu-node.001", "nodes"),
+        ("/api/v1/nodes/gpu-node.001/status", "nodes/status"),
+        ("/api/v1/namespaces", "namespaces"),
+        ("/api/v1/namespaces/nodewright-system", "namespaces"),
+        ("/api/v1/namespaces/nodewright-system/pods", "pods"),
+        ("/api/v1/namespaces/ns/pods/p-1/eviction", "pods/eviction"),
+        ("/apis/nodewright.nvidia.com/v1alpha1/nodewrights/a.b/status", "nodewrights/status"),
+        ("/apis/coordination.k8s.io/v1/namespaces/ns/leases/nodewright-scheduler", "leases"),
+        ("/apis/events.k8s.io/v1/namespaces/default/events?limit=5", "events"),
+        ("/readyz", "/readyz"),
+    ],
+)
+def test_the_resource_of_a_path(path: str, resource: str) -> None:
+    assert resource_of(path) == resource
+
+
+def _counts(registry: CollectorRegistry) -> dict[tuple[str, str, str], float]:
+    return {
+        (s.labels["verb"], s.labels["resource"], s.labels["code"]): s.value
+        for m in registry.collect()
+        if m.name == "nodewright_kube_requests"
+        for s in m.samples
+        if s.name == "nodewright_kube_requests_total"
+    }
+
+
+@pytest.mark.rig
+async def test_every_request_is_counted_by_verb_resource_and_code(kapi: Kube) -> None:
+    registry = CollectorRegistry()
+    kube = Kube(kapi.api, observe=request_counter(registry))
+    await kube.get(path_of(plural="nodes"))
+    with pytest.raises(ApiError):
+        await kube.get(path_of(plural="nodes", name="no-such-node.example"))
+    async for _ in kube.watch(path_of(plural="namespaces"), resource_version="0", timeout_s=1):
+        pass
+    assert _counts(registry) == {
+        ("GET", "nodes", "200"): 1.0,
+        ("GET", "nodes", "404"): 1.0,
+        ("WATCH", "namespaces", "200"): 1.0,
+    }
