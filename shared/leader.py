@@ -6,15 +6,25 @@ is free or expired, renewed every ``duration/3`` with optimistic concurrency (a 
 someone else won), and given up on shutdown so a standby takes over at once. A holder that
 dies stops renewing and its lease expires after ``duration``. What the leader does is the
 caller's business: it reads :attr:`LeaderElector.is_leader` and ``became_leader``.
+
+Expiry is judged the way client-go does, by this process's own monotonic clock: a standby
+takes a foreign lease only once its record (holder, renewTime) has not changed for
+``duration`` since the standby first saw it. Comparing the holder's ``renewTime`` with the
+local wall clock would let a skewed clock steal a live lease, or never take a dead one whose
+holder's clock ran ahead. Any failure to talk to the API server (an HTTP error, a timeout, a
+refused connection) counts as "not leader" for that round and is retried; it never ends the
+election task.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from shared.kube import ApiError, Kube, path_of
 
@@ -28,7 +38,10 @@ def _fmt(ts: datetime) -> str:
 def _parse(text: str | None) -> datetime | None:
     if not text:
         return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None  # a hand-edited lease: judged by observation alone
 
 
 @dataclass
@@ -39,9 +52,14 @@ class LeaderElector:
     identity: str
     duration_s: float = 15.0
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    monotonic: Callable[[], float] = time.monotonic
     is_leader: bool = False
     became_leader: asyncio.Event = field(default_factory=asyncio.Event)
     lost_leadership: asyncio.Event = field(default_factory=asyncio.Event)
+    _observed: tuple[str, str] | None = None
+    """The foreign lease record last seen (holder, renewTime) ..."""
+    _observed_at: float = 0.0
+    """... and when (``monotonic``) it was first seen unchanged."""
 
     @property
     def _path(self) -> str:
@@ -55,9 +73,9 @@ class LeaderElector:
             while True:
                 try:
                     held = await self._try_acquire_or_renew()
-                except ApiError as exc:
+                except Exception as exc:  # any failure: not leader this round, try again
                     _log.warning(
-                        "Failed to update Lease", extra={"lease": self.name, "error": str(exc)}
+                        "Failed to update Lease", extra={"lease": self.name, "error": repr(exc)}
                     )
                     held = False
                 self._set(held)
@@ -107,9 +125,7 @@ class LeaderElector:
             return True
         current = lease.get("spec") or {}
         holder = current.get("holderIdentity") or ""
-        renewed = _parse(current.get("renewTime")) or datetime.min.replace(tzinfo=UTC)
-        expires = renewed + timedelta(seconds=float(current.get("leaseDurationSeconds") or 0))
-        if holder and holder != self.identity and expires > now:
+        if holder and holder != self.identity and not self._foreign_expired(current):
             return False
         new_spec = dict(current)
         new_spec.update(spec)
@@ -124,6 +140,21 @@ class LeaderElector:
                 return False
             raise
         return True
+
+    def _foreign_expired(self, spec: dict[str, Any]) -> bool:
+        """Whether another holder's lease has gone unrenewed for its duration, as measured
+        here: from when this record was first seen unchanged."""
+        record = (str(spec.get("holderIdentity") or ""), str(spec.get("renewTime") or ""))
+        duration = float(spec.get("leaseDurationSeconds") or 0)
+        now = self.monotonic()
+        if record != self._observed:
+            self._observed, self._observed_at = record, now
+            # A record seen for the first time may be long dead (its holder died before we
+            # started). Its renewTime says so only by the holder's clock; trust it when it is
+            # far enough in the past (two durations) that skew cannot matter, else wait.
+            renewed = _parse(record[1])
+            return renewed is not None and renewed + timedelta(seconds=2 * duration) < self.clock()
+        return now - self._observed_at >= duration
 
     async def _release(self) -> None:
         try:

@@ -186,6 +186,12 @@ class Executor:
             cr_name, node_name, decision.record
         ):
             return 0.5
+        if decision.record is None and decision.create and not await self._still_current(node_name):
+            # Creating a pod the record already says is running (it is missing from the pod
+            # cache): if another replica meanwhile recorded its result and deleted it, our
+            # node is stale and a create would run the stage twice. The precondition-only
+            # patch refuses a stale node; the next pass decides on fresh data.
+            return 0.5
         stage_pods = any(req.role == "stage" for req in decision.create)
         if not await self._sync_metadata(cr, raw_node, needed=stage_pods):
             return 0.5  # no stage pod before its metadata: the next pass creates both
@@ -205,6 +211,15 @@ class Executor:
         body = nodestate.patch(
             nodestate.EXECUTOR, cr, record, resource_version=cached["metadata"]["resourceVersion"]
         )
+        return await patch_node(self.ctx.kube, self.nodes, node, body)
+
+    async def _still_current(self, node: str) -> bool:
+        """Whether the cached node is the stored one: a patch carrying nothing but its
+        resourceVersion (a no-op the API server refuses with 409 when the node changed)."""
+        cached = self.nodes.get(node)
+        if cached is None:
+            return False
+        body = {"metadata": {"resourceVersion": cached["metadata"]["resourceVersion"]}}
         return await patch_node(self.ctx.kube, self.nodes, node, body)
 
     # ---- the node metadata ConfigMap ----------------------------------------------------

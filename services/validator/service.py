@@ -214,10 +214,15 @@ class Validator:
                     "request": decision.record.honoured,
                 },
             )
+        # Check pods are created only after a write with the node's resourceVersion, even
+        # when nothing else changes (then a precondition-only patch): a replica whose node is
+        # stale (another one recorded the verdict and deleted the pod) must not run the
+        # check again.
         changes = (
             decision.record is not None
             or decision.remove_readiness_taint
             or decision.add_readiness_taint
+            or bool(decision.create)
         )
         if changes and not await self._write(cr_name, raw_node, decision):
             return 0.5
