@@ -49,10 +49,45 @@ async def delete_all(kapi: Kube) -> None:
             name="nodewright-validator",
         )
     )
+    await _force_delete_bound_pods(kapi)
     listed = await kapi.get(NODES)
     await asyncio.gather(
         *(kapi.delete_if_present(f"{NODES}/{n['metadata']['name']}") for n in listed["items"])
     )
+
+
+async def _force_delete_bound_pods(kapi: Kube, timeout_s: float = 30.0) -> None:
+    """Remove every pod bound to a node, at once (grace period 0), and wait until they are gone.
+
+    A pod of an earlier test (its namespace being deleted) that is bound to a node outlives the
+    node until the pod garbage collector's quarantine ends: nothing confirms its termination
+    once kwok no longer serves the node. A later test that creates a node of the same name
+    sooner inherits it, and its drain rightly waits for the "evicted" pod to be gone, for
+    ever: the chaos test in test_rollout.py was stuck on ``waiting for 1 evicted pod(s) to be
+    gone: nw-.../workload``, the readiness test's pod pinned to ``gpu-10`` (CI, and a full run
+    here with the rig kept).
+    """
+    pods = path_of(plural="pods")
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        bound = [
+            p["metadata"]
+            for p in (await kapi.get(pods))["items"]
+            if (p.get("spec") or {}).get("nodeName")
+        ]
+        if not bound:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            names = [f"{m['namespace']}/{m['name']}" for m in bound]
+            raise AssertionError(f"pods still bound to nodes after {timeout_s:.0f}s: {names}")
+        await asyncio.gather(*(_force_delete(kapi, m) for m in bound))
+        await asyncio.sleep(0.2)
+
+
+async def _force_delete(kapi: Kube, meta: dict[str, Any]) -> None:
+    path = path_of(plural="pods", namespace=meta["namespace"], name=meta["name"])
+    with contextlib.suppress(ApiError):  # gone meanwhile
+        await kapi.delete(path, {"gracePeriodSeconds": 0})
 
 
 async def delete_stream(rig: Rig) -> None:
