@@ -449,13 +449,29 @@ def parse_config(document: object) -> PackageConfig:
     )
 
 
+NESTED_LAYOUT_DIR = "nodewright-package"
+"""Where packages built for NodeWright 0.1 put their files inside the image. An image volume
+(or the copy init container) brings the image's *root* to the package directory, so those
+files arrive one level too deep; the error says so instead of only "file not found"."""
+
+
+def _layout_hint(package_dir: Path) -> str:
+    if (package_dir / NESTED_LAYOUT_DIR / CONFIG_FILE).is_file():
+        return (
+            f" (the image has {CONFIG_FILE} under /{NESTED_LAYOUT_DIR}/: a package image keeps "
+            f"its files at its root, e.g. COPY config.json /{CONFIG_FILE} and COPY steps/ /steps/;"
+            " see docs/packages.md, Package image)"
+        )
+    return ""
+
+
 def load_config(package_dir: Path) -> PackageConfig:
     """Read and validate ``<package_dir>/config.json``; problems name the file."""
     path = package_dir / CONFIG_FILE
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigInvalid([f"{path}: file not found"]) from None
+        raise ConfigInvalid([f"{path}: file not found{_layout_hint(package_dir)}"]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigInvalid([f"{path}: cannot be read: {exc}"]) from None
     try:

@@ -1,7 +1,9 @@
 """Generate the NodeWright and DeploymentPolicy CRDs (and the docs field reference) from shared.api.
 
 It also writes the validator's ValidatingWebhookConfiguration manifest from the same function
-the running webhook uses to register itself, so the two cannot drift apart.
+the running webhook uses to register itself, so the two cannot drift apart, and the JSON
+Schema of the event stream's payloads (schemas/events.v1.json, from ``shared.events``; each
+message's CloudEvents ``dataschema`` points into it).
 
 Run ``python -m nodewright.crdgen`` after changing a model; ``--check`` exits 1 when the
 committed files differ from what the models generate (the test suite runs the same check).
@@ -33,7 +35,7 @@ import msgspec.inspect as mi
 import yaml
 
 from services.validator import webhook
-from shared import api
+from shared import api, cloudevents, events
 
 REPO: Final = Path(__file__).resolve().parent.parent
 CRD_DIR: Final = Path("deploy/crds")
@@ -482,6 +484,21 @@ def webhook_manifest() -> str:
     return header + yaml.safe_dump(doc, sort_keys=False, width=100)
 
 
+def events_schema() -> str:
+    """The JSON Schema of every event kind of the current contract version (its ``$defs``
+    are what each message's ``dataschema`` fragment names)."""
+    schema = msgspec.json.schema(events.AnyEvent)
+    doc = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": cloudevents.SCHEMA_ID.format(version=events.VERSION),
+        "title": f"NodeWright events, contract version {events.VERSION}",
+        "description": "Generated from shared/events.py by python -m nodewright.crdgen; "
+        "docs/events.md describes the kinds.",
+        **schema,
+    }
+    return json.dumps(doc, indent=2, sort_keys=False) + "\n"
+
+
 def expected_files(root: Path = REPO) -> dict[Path, str]:
     files = crd_files()
     for path, content in list(files.items()):
@@ -489,6 +506,7 @@ def expected_files(root: Path = REPO) -> dict[Path, str]:
     files[WEBHOOK_MANIFEST] = webhook_manifest()
     files[CHART / "files" / "webhook.yaml"] = webhook_manifest()
     files[DOCS] = render_docs((root / DOCS).read_text())
+    files[Path("schemas") / f"events.v{events.VERSION}.json"] = events_schema()
     return files
 
 

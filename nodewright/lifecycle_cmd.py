@@ -11,13 +11,16 @@ or disabled is theirs to decide; this module only sets and removes the two annot
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
-from nodewright import node_cmd
+from nodewright import node_cmd, output
+from nodewright.connecting import Target, run
+from nodewright.node_cmd import DryRun
 from shared import api
-from shared.kube import Kube
+
+if TYPE_CHECKING:
+    from shared.kube import Kube
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ SWITCHES = {
     )
 }
 
-_HELP = {
+HELP = {
     "pause": "pause a NodeWright's rollout: nothing new starts, work in progress finishes",
     "resume": "resume a paused NodeWright's rollout",
     "disable": "disable a NodeWright: it is skipped until it is enabled again",
@@ -69,35 +72,30 @@ _HELP = {
 }
 
 
-def add_parser(sub: Any) -> None:
-    for verb, switch in SWITCHES.items():
-        p = sub.add_parser(verb, help=_HELP[verb], description=_HELP[verb])
-        p.add_argument("name", help="the NodeWright")
-        node_cmd.add_common(p)
-        p.set_defaults(handler=run, switch=switch)
-
-
 def is_on(annotations: dict[str, str], switch: Switch) -> bool:
     """Whether the switch's annotation is set the way the services read it ("true")."""
     return annotations.get(switch.annotation) == "true"
 
 
-def message(name: str, switch: Switch, annotations: dict[str, str], *, changed: bool) -> list[str]:
+def message(
+    name: str,
+    switch: Switch,
+    annotations: dict[str, str],
+    *,
+    changed: bool,
+    dry_run: DryRun = "none",
+) -> list[str]:
     """What the command prints, given the NodeWright's annotations after it ran: pure."""
     value = f'{switch.annotation}: "true"'
     if not changed:
         lines = [f"NodeWright {name} is already {switch.state}; no change."]
-    elif switch.on:
-        lines = [
-            f"{switch.state.capitalize()} NodeWright {name} (set annotation {value}): "
-            + switch.meaning,
-            f"Undo with `nodewright {switch.undo} {name}`.",
-        ]
     else:
-        lines = [
-            f"{switch.verb.capitalize()}d NodeWright {name} (removed annotation {value}): "
-            + switch.meaning
-        ]
+        past = switch.state if switch.on else f"{switch.verb}d"  # paused, resumed ...
+        what = f"set annotation {value}" if switch.on else f"removed annotation {value}"
+        head = f"Would have {past}" if dry_run != "none" else past.capitalize()
+        lines = [f"{head} NodeWright {name} ({what}): {switch.meaning}"]
+        if switch.on:
+            lines.append(f"Undo with `nodewright {switch.undo} {name}`.")
     other = SWITCHES["disable"] if switch.annotation == api.PAUSE_ANNOTATION else SWITCHES["pause"]
     if is_on(annotations, other):
         lines.append(
@@ -106,26 +104,32 @@ def message(name: str, switch: Switch, annotations: dict[str, str], *, changed: 
     return lines
 
 
-async def switch_cr(client: Kube, name: str, switch: Switch) -> list[str]:
+async def switch_cr(
+    client: Kube, name: str, switch: Switch, *, dry_run: DryRun = "none"
+) -> list[str]:
     """Set or remove the switch's annotation on NodeWright ``name``; the lines to print."""
     cr = await node_cmd.require_nodewright(client, name)
     annotations = dict(cr.metadata.annotations)
     if is_on(annotations, switch) == switch.on:
         return message(name, switch, annotations, changed=False)
-    await client.patch(
+    await node_cmd.patch(
+        client,
         f"{node_cmd.NODEWRIGHTS}/{name}",
         {"metadata": {"annotations": {switch.annotation: "true" if switch.on else None}}},
+        dry_run=dry_run,
     )
     if switch.on:
         annotations[switch.annotation] = "true"
     else:
         annotations.pop(switch.annotation, None)
-    return message(name, switch, annotations, changed=True)
+    lines = message(name, switch, annotations, changed=True, dry_run=dry_run)
+    note = node_cmd.dry_run_note(dry_run)
+    return [*lines, note] if note else lines
 
 
-def run(args: argparse.Namespace) -> int:
+def run_switch(target: Target, verb: str, name: str, *, dry_run: DryRun = "none") -> None:
     async def command(client: Kube) -> None:
-        for line in await switch_cr(client, args.name, args.switch):
-            print(line, flush=True)
+        for line in await switch_cr(client, name, SWITCHES[verb], dry_run=dry_run):
+            output.say(line)
 
-    return node_cmd.execute(args, command)
+    run(target, command)

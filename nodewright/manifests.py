@@ -2,7 +2,10 @@
 
 Used by the sandbox, the benchmark and the tests. ``install_crds`` is idempotent: it creates
 or updates the committed CRDs (deploy/crds) and returns once each is Established and its
-resource answers a list (discovery and storage can lag the condition briefly).
+resource answers a list (discovery and storage can lag the condition briefly). The CRDs and
+samples are read from the checkout's deploy/ when there is one, else from the copy the wheel
+carries (``nodewright/_data/deploy``, written by setup.py), so an installed ``nodewright``
+finds them too.
 """
 
 from __future__ import annotations
@@ -18,8 +21,23 @@ from shared import api
 from shared.kube import ApiError, Kube, path_of
 
 REPO = Path(__file__).resolve().parents[1]
-CRD_DIR = REPO / "deploy" / "crds"
-SAMPLES_DIR = REPO / "deploy" / "samples"
+PACKAGED = Path(__file__).resolve().parent / "_data"
+"""What the wheel carries from the repository (setup.py)."""
+
+
+def _deploy(name: str) -> Path:
+    checkout = REPO / "deploy" / name
+    return checkout if checkout.is_dir() else PACKAGED / "deploy" / name
+
+
+CRD_DIR = _deploy("crds")
+SAMPLES_DIR = _deploy("samples")
+BUILD_SCRIPT = (
+    REPO / "scripts" / "build-rig.sh"
+    if (REPO / "scripts" / "build-rig.sh").is_file()
+    else PACKAGED / "scripts" / "build-rig.sh"
+)
+"""scripts/build-rig.sh: of the checkout, or the one the wheel carries (with its tools/)."""
 CRDS = path_of(group="apiextensions.k8s.io", plural="customresourcedefinitions")
 NODEWRIGHTS = path_of(group=api.GROUP, version=api.VERSION, plural=api.NODEWRIGHT_PLURAL)
 POLICIES = path_of(group=api.GROUP, version=api.VERSION, plural=api.DEPLOYMENT_POLICY_PLURAL)

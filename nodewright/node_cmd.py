@@ -6,9 +6,11 @@ append a :class:`shared.nodestate.Request` to the node's
 ``requests.nodewright.nvidia.com/<cr>`` annotation (a merge patch carrying the node's
 resourceVersion, re-read and re-tried on a conflict), and each service honours it in its
 own record (docs/recovery.md). ``ignore`` / ``unignore`` set or remove the label
-``nodewright.nvidia.com/ignore=true``. ``status`` and ``list`` read the records through
-``shared.progress.facts`` (and ``list`` whose turn it is through ``shared.progress.turn``, as
-``status`` does). Every command says what it changed.
+``nodewright.nvidia.com/ignore=true``. Every change takes kubectl's ``--dry-run``
+(``client``: nothing is sent; ``server``: the API server admits it and stores nothing).
+``status`` and ``list`` read the records through ``shared.progress.facts``, and whose turn it
+is through ``shared.progress.turn`` (:func:`shown_turn`: a stage waiting for its check is the
+validator's turn). Every command says what it changed.
 
 Deciding what a request does on the node is the services' job; this module only writes
 requests and labels and describes what will happen.
@@ -16,25 +18,23 @@ requests and labels and describes what will happen.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import getpass
-import json
-import os
 import socket
-import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
-from shared import api, kube, nodestate, progress
-from shared.config import KubeSettings
+from nodewright import output
+from nodewright.connecting import CommandError, Target, run
+from shared import api, nodestate, progress
 from shared.kube import ApiError, Kube, path_of
-from shared.nodestate import Request, RequestAction, StatusRecord
+from shared.nodestate import Request, RequestAction
+from shared.records.status import StatusRecord
+
+__all__ = ["CommandError", "DryRun"]
 
 NODEWRIGHTS = path_of(group=api.GROUP, version=api.VERSION, plural=api.NODEWRIGHT_PLURAL)
 _OWNERS = (
@@ -47,77 +47,28 @@ _OWNERS = (
 )
 _CONFLICT_RETRIES = 5
 
-
-class CommandError(Exception):
-    """A problem to tell the user (exit code 1), not a crash."""
-
-
-def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--kubeconfig",
-        default="",
-        help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else in-cluster)",
-    )
+DryRun = Literal["none", "client", "server"]
+"""kubectl's --dry-run: none changes things; client prints what would change and sends
+nothing; server sends the change with ``dryRun=All`` (the API server validates and admits
+it, and stores nothing)."""
 
 
-def add_parser(sub: Any) -> None:
-    node = sub.add_parser("node", help="list a NodeWright's nodes; look at and recover one node")
-    verbs = node.add_subparsers(dest="verb", required=True)
-    for verb, text in (
-        ("status", "show where each NodeWright stands on the node"),
-        ("retry", "run what failed on the node again, as a new attempt"),
-        ("reset", "forget a NodeWright's progress on the node: it starts over"),
-        ("ignore", "label the node so NodeWright admits it to no rollout"),
-        ("unignore", "remove the ignore label"),
-    ):
-        p = verbs.add_parser(verb, help=text, description=text)
-        p.add_argument("node", help="node name")
-        if verb in ("status", "retry", "reset"):
-            p.add_argument(
-                "--nodewright",
-                default="",
-                help="only this NodeWright (default: every NodeWright with state on the node)",
-            )
-        add_common(p)
-        p.set_defaults(handler=run, verb=verb)
-    text = "list a NodeWright's target nodes: phase, turn, reason and packages of each"
-    p = verbs.add_parser("list", help=text, description=text)
-    p.add_argument("--nodewright", required=True, help="the NodeWright")
-    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
-    add_common(p)
-    p.set_defaults(handler=run, verb="list")
+def dry_run_note(dry_run: DryRun) -> str | None:
+    """The line a dry run ends with; None when things were changed for real."""
+    if dry_run == "client":
+        return "Dry run: nothing was sent to the API server, nothing changed."
+    if dry_run == "server":
+        return "Server dry run: the API server accepted the change and stored nothing."
+    return None
 
 
-# ---- plumbing ---------------------------------------------------------------------------
-
-
-def kubeconfig_path(flag: str) -> str:
-    if flag:
-        return flag
-    env = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
-    if env:
-        return env
-    home = Path.home() / ".kube" / "config"
-    return str(home) if home.exists() else ""
-
-
-def execute(args: argparse.Namespace, command: Callable[[Kube], Awaitable[None]]) -> int:
-    """Run ``command`` with a client; print a CommandError and return 1."""
-
-    async def main() -> int:
-        settings = KubeSettings(kubeconfig=kubeconfig_path(args.kubeconfig))
-        async with kube.connect(settings) as client:
-            await command(client)
-        return 0
-
-    try:
-        return asyncio.run(main())
-    except CommandError as exc:
-        print(f"nodewright: {exc}", file=sys.stderr)
-        return 1
-    except ApiError as exc:
-        print(f"nodewright: the API server said {exc.status}: {exc.message}", file=sys.stderr)
-        return 1
+async def patch(
+    client: Kube, path: str, body: Any, *, dry_run: DryRun, kind: Literal["merge"] = "merge"
+) -> None:
+    """Patch ``path`` unless this is a client dry run; a server dry run stores nothing."""
+    if dry_run == "client":
+        return
+    await client.patch(path, body, kind=kind, dry_run=dry_run == "server")
 
 
 async def get_node(client: Kube, name: str) -> dict[str, Any]:
@@ -176,11 +127,20 @@ async def add_request(
     *,
     package: str = "",
     stage: str = "",
+    dry_run: DryRun = "none",
 ) -> Request:
-    """Append a request for ``cr`` on the node; re-read and retry on a conflict."""
+    """Append a request for ``cr`` on the node; re-read and retry on a conflict. A dry run
+    returns the request as it would be written."""
     for _ in range(_CONFLICT_RETRIES):
         node = await get_node(client, node_name)
         current = nodestate.read_requests(node, cr)
+        facts = progress.facts(node, cr)
+        marks = [
+            facts.drain.honoured if facts.drain is not None else 0,
+            facts.executor.honoured,
+            facts.validator.honoured,
+            *facts.marks.values(),
+        ]
         new = nodestate.add_request(
             current,
             Request(
@@ -191,12 +151,13 @@ async def add_request(
                 at=datetime.now(UTC),
                 by=requester(),
             ),
+            floor=max(marks),
         )
         body = nodestate.patch(
             nodestate.REQUESTS, cr, new, resource_version=node["metadata"]["resourceVersion"]
         )
         try:
-            await client.patch(path_of(plural="nodes", name=node_name), body)
+            await patch(client, path_of(plural="nodes", name=node_name), body, dry_run=dry_run)
         except ApiError as exc:
             if exc.conflict:
                 continue
@@ -278,7 +239,7 @@ def describe(v: CrView, node: dict[str, Any]) -> list[str]:
     else:
         lines.append("  phase:    - (the status service has not reported on this node)")
     if v.cr is not None:
-        lines.append(f"  turn:     {progress.turn(v.cr, f)}")
+        lines.append(f"  turn:     {shown_turn(v.cr, f)}")
     if f.selection is not None:
         s = f.selection
         lines.append(
@@ -346,15 +307,6 @@ def describe(v: CrView, node: dict[str, Any]) -> list[str]:
     return lines
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A plain-text table: columns padded to their widest cell, the last one not padded."""
-    widths = [max(len(str(r[i])) for r in (headers, *rows)) for i in range(len(headers) - 1)]
-    return "\n".join(
-        "   ".join([*(str(c).ljust(w) for c, w in zip(r, widths, strict=False)), str(r[-1])])
-        for r in (headers, *rows)
-    )
-
-
 def package_entries(cr: api.NodeWright, f: progress.NodeFacts) -> list[dict[str, Any]]:
     """Per package the NodeWright wants (or the executor recorded on the node): its version,
     stage, state and attempt as the executor's record says ("pending" before the first)."""
@@ -384,6 +336,29 @@ def package_cell(entry: Mapping[str, Any]) -> str:
     return f"{head} {entry['stage']} {entry['state']}{again}"
 
 
+def shown_turn(cr: api.NodeWright, f: progress.NodeFacts) -> str:
+    """Whose move it is, as the TURN column says it: ``shared.progress.turn``, except that a
+    node whose executor waits for the check of a stage that succeeded is the validator's turn
+    (the executor runs the next stage only once the validator passed the check). Said as the
+    turn computes it, TURN read "executor" next to REASON "WaitingForCheck"."""
+    turn = progress.turn(cr, f)
+    if turn != "executor":
+        return turn
+    wanted = progress.desired(cr)
+    records = [(n, r) for n, r in f.executor.packages.items() if n in wanted]
+    if any(r.state == "running" for _, r in records):
+        return turn
+    intr = f.executor.interrupt
+    if intr is not None and intr.state == "running":
+        return turn
+    for name, r in records:
+        if r.state == "succeeded" and not progress.package_done(wanted[name], r):
+            verdict = f.validator.checks.get(nodestate.check_key(name, r.version, r.stage))
+            if verdict is None or verdict.attempt != r.attempt or verdict.verdict == "running":
+                return "validator"
+    return turn
+
+
 def list_rows(cr: api.NodeWright, nodes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per target node of ``cr`` (its node selector), sorted by name: pure."""
     name = cr.metadata.name
@@ -392,33 +367,64 @@ def list_rows(cr: api.NodeWright, nodes: Sequence[dict[str, Any]]) -> list[dict[
     for node in sorted(targets, key=lambda n: str(n["metadata"]["name"])):
         v = view(node, name, cr)
         reason = v.status.reason if v.status is not None else None
+        sel = v.facts.selection
         rows.append(
             {
                 "node": v.facts.name,
                 "phase": v.status.phase if v.status is not None else None,
-                "turn": progress.turn(cr, v.facts),
+                "turn": shown_turn(cr, v.facts),
                 "reason": msgspec.to_builtins(reason) if reason is not None else None,
+                "since": v.status.since.isoformat() if v.status is not None else None,
+                "compartment": sel.compartment if sel is not None else None,
+                "batch": sel.batch if sel is not None else None,
+                "order": sel.order if sel is not None else None,
+                "cordoned": v.facts.unschedulable,
                 "packages": package_entries(cr, v.facts),
             }
         )
     return rows
 
 
-def render_list(name: str, rows: Sequence[Mapping[str, Any]]) -> str:
-    """The ``node list`` table: NODE PHASE TURN REASON PACKAGES."""
+LIST_HEADERS = ("NODE", "PHASE", "TURN", "REASON", "PACKAGES")
+LIST_WIDE_HEADERS = (
+    "NODE",
+    "PHASE",
+    "TURN",
+    "REASON",
+    "COMPARTMENT",
+    "BATCH",
+    "ORDER",
+    "CORDONED",
+    "PACKAGES",
+    "MESSAGE",
+)
+
+
+def render_list(name: str, rows: Sequence[Mapping[str, Any]], *, wide: bool = False) -> str:
+    """The ``node list`` table: NODE PHASE TURN REASON PACKAGES; wide adds where the node was
+    admitted, whether it is cordoned, and the reason's message."""
     if not rows:
         return f"NodeWright {name} selects no node."
-    cells = [
-        [
-            r["node"],
-            r["phase"] or "-",
-            r["turn"],
-            r["reason"]["code"] if r["reason"] else "-",
-            ", ".join(package_cell(p) for p in r["packages"]) or "-",
-        ]
-        for r in rows
-    ]
-    return table(("NODE", "PHASE", "TURN", "REASON", "PACKAGES"), cells)
+    cells = []
+    for r in rows:
+        reason = r["reason"]
+        packages = ", ".join(package_cell(p) for p in r["packages"]) or "-"
+        head = [r["node"], r["phase"] or "-", r["turn"], reason["code"] if reason else "-"]
+        if not wide:
+            cells.append([*head, packages])
+            continue
+        cells.append(
+            [
+                *head,
+                r["compartment"] or "-",
+                "-" if r["batch"] is None else str(r["batch"]),
+                "-" if r["order"] is None else str(r["order"]),
+                "yes" if r["cordoned"] else "no",
+                packages,
+                (reason or {}).get("message") or "-",
+            ]
+        )
+    return output.table(LIST_WIDE_HEADERS if wide else LIST_HEADERS, cells)
 
 
 def _labels(node: Mapping[str, Any]) -> Mapping[str, str]:
@@ -439,16 +445,16 @@ async def require_nodewright(client: Kube, name: str) -> api.NodeWright:
 
 
 def _say(text: str) -> None:
-    print(text, flush=True)
+    output.say(text)
 
 
-async def status(client: Kube, args: argparse.Namespace) -> None:
-    node = await get_node(client, args.node)
+async def status(client: Kube, node_name: str, only: str) -> None:
+    node = await get_node(client, node_name)
     spec = node.get("spec") or {}
     labels = (node.get("metadata") or {}).get("labels") or {}
-    crs = crs_on(node) if not args.nodewright else [args.nodewright]
+    crs = crs_on(node) if not only else [only]
     _say(
-        f"Node {args.node}: "
+        f"Node {node_name}: "
         + ("cordoned" if spec.get("unschedulable") else "schedulable")
         + (", ignored (label nodewright.nvidia.com/ignore=true)" if _ignored(labels) else "")
     )
@@ -473,70 +479,78 @@ async def status(client: Kube, args: argparse.Namespace) -> None:
         )
 
 
-async def list_nodes(client: Kube, args: argparse.Namespace) -> None:
-    cr = await require_nodewright(client, args.nodewright)
+async def list_nodes(client: Kube, nodewright: str, fmt: output.Format) -> None:
+    cr = await require_nodewright(client, nodewright)
     nodes = (await client.get(path_of(plural="nodes")))["items"]
     rows = list_rows(cr, nodes)
-    if args.output == "json":
-        _say(json.dumps({"nodewright": args.nodewright, "nodes": rows}, indent=2))
+    if fmt in ("json", "yaml"):
+        _say(output.document({"nodewright": nodewright, "nodes": rows}, fmt))
     else:
-        _say(render_list(args.nodewright, rows))
+        _say(render_list(nodewright, rows, wide=fmt == "wide"))
 
 
 def _ignored(labels: dict[str, str]) -> bool:
     return labels.get(nodestate.IGNORE_LABEL) == "true"
 
 
-async def retry(client: Kube, args: argparse.Namespace) -> None:
-    node = await get_node(client, args.node)
+async def retry(client: Kube, node_name: str, only: str, dry_run: DryRun) -> None:
+    node = await get_node(client, node_name)
     asked = 0
-    for name in chosen(node, args.nodewright):
+    verb = "Would request" if dry_run != "none" else "Requested"
+    for name in chosen(node, only):
         v = view(node, name, await get_nodewright(client, name))
         todo = failures(v)
         if not todo:
-            _say(f"NodeWright {name} on node {args.node}: nothing failed, nothing to retry.")
+            _say(f"NodeWright {name} on node {node_name}: nothing failed, nothing to retry.")
             continue
-        req = await add_request(client, args.node, name, "retry")
+        req = await add_request(client, node_name, name, "retry", dry_run=dry_run)
         asked += 1
-        _say(f"Requested retry #{req.seq} of NodeWright {name} on node {args.node}:")
+        _say(f"{verb} retry #{req.seq} of NodeWright {name} on node {node_name}:")
         for line in todo:
             _say(f"  - {line}")
-    if not asked and args.nodewright:
-        raise CommandError(f"nothing failed for NodeWright {args.nodewright} on {args.node}")
+    if not asked and only:
+        raise CommandError(
+            f"nothing failed for NodeWright {only} on {node_name} (`nodewright node status "
+            f"{node_name}` shows where it stands)"
+        )
 
 
-async def reset(client: Kube, args: argparse.Namespace) -> None:
-    node = await get_node(client, args.node)
-    for name in chosen(node, args.nodewright):
+async def reset(client: Kube, node_name: str, only: str, dry_run: DryRun) -> None:
+    node = await get_node(client, node_name)
+    verb = "Would request" if dry_run != "none" else "Requested"
+    for name in chosen(node, only):
         facts = progress.facts(node, name)
-        req = await add_request(client, args.node, name, "reset")
+        req = await add_request(client, node_name, name, "reset", dry_run=dry_run)
         cordon = (
             "the cordon it holds stays while the node is still admitted and is released as usual"
             if facts.drain is not None and facts.drain.cordoned
             else "it holds no cordon"
         )
         _say(
-            f"Requested reset #{req.seq} of NodeWright {name} on node {args.node}: the executor "
+            f"{verb} reset #{req.seq} of NodeWright {name} on node {node_name}: the executor "
             "and validator forget its packages' stages, checks and validation there, and the "
             f"drain starts again; {cordon}. The node starts over."
         )
 
 
-async def set_ignored(client: Kube, args: argparse.Namespace, ignored: bool) -> None:
-    node = await get_node(client, args.node)
+async def set_ignored(client: Kube, node_name: str, ignored: bool, dry_run: DryRun) -> None:
+    node = await get_node(client, node_name)
     labels = (node.get("metadata") or {}).get("labels") or {}
     if _ignored(labels) == ignored:
-        _say(f"Node {args.node} is already {'ignored' if ignored else 'not ignored'}; no change.")
+        _say(f"Node {node_name} is already {'ignored' if ignored else 'not ignored'}; no change.")
         return
     value = "true" if ignored else None
-    await client.patch(
-        path_of(plural="nodes", name=args.node),
+    await patch(
+        client,
+        path_of(plural="nodes", name=node_name),
         {"metadata": {"labels": {nodestate.IGNORE_LABEL: value}}},
+        dry_run=dry_run,
     )
+    would = dry_run != "none"
     if not ignored:
         _say(
-            f"Removed label {nodestate.IGNORE_LABEL} from node {args.node}: NodeWright may admit "
-            "it to rollouts again."
+            f"{'Would remove' if would else 'Removed'} label {nodestate.IGNORE_LABEL} from node "
+            f"{node_name}: NodeWright may admit it to rollouts again."
         )
         return
     busy = [
@@ -545,8 +559,8 @@ async def set_ignored(client: Kube, args: argparse.Namespace, ignored: bool) -> 
         if (f := progress.facts(node, n)).selection is not None or f.drain is not None
     ]
     _say(
-        f"Labelled node {args.node} {nodestate.IGNORE_LABEL}=true: NodeWright admits it to no "
-        "new rollout work."
+        f"{'Would label' if would else 'Labelled'} node {node_name} {nodestate.IGNORE_LABEL}=true:"
+        " NodeWright admits it to no new rollout work."
         + (
             f" Work already admitted there ({', '.join(busy)}) finishes and is then released;"
             " a failed node keeps its budget slot until it is retried or reset."
@@ -556,22 +570,36 @@ async def set_ignored(client: Kube, args: argparse.Namespace, ignored: bool) -> 
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    async def command(client: Kube) -> None:
-        match args.verb:
-            case "status":
-                await status(client, args)
-            case "list":
-                await list_nodes(client, args)
-            case "retry":
-                await retry(client, args)
-            case "reset":
-                await reset(client, args)
-            case "ignore":
-                await set_ignored(client, args, True)
-            case "unignore":
-                await set_ignored(client, args, False)
-            case _:
-                raise CommandError(f"unknown command node {args.verb}")
+Verb = Literal["status", "list", "retry", "reset", "ignore", "unignore"]
 
-    return execute(args, command)
+
+def run_verb(
+    target: Target,
+    verb: Verb,
+    *,
+    node: str = "",
+    nodewright: str = "",
+    fmt: output.Format = "table",
+    dry_run: DryRun = "none",
+) -> None:
+    """Run ``node VERB``; CommandError says what went wrong."""
+
+    async def command(client: Kube) -> None:
+        match verb:
+            case "status":
+                await status(client, node, nodewright)
+            case "list":
+                await list_nodes(client, nodewright, fmt)
+            case "retry":
+                await retry(client, node, nodewright, dry_run)
+            case "reset":
+                await reset(client, node, nodewright, dry_run)
+            case "ignore":
+                await set_ignored(client, node, True, dry_run)
+            case "unignore":
+                await set_ignored(client, node, False, dry_run)
+        note = dry_run_note(dry_run) if verb not in ("status", "list") else None
+        if note:
+            _say(note)
+
+    run(target, command)

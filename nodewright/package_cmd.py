@@ -2,10 +2,11 @@
 NODE [--nodewright CR] [--stage STAGE]``, ``nodewright package status NAME --nodewright CR``
 and ``nodewright package logs NAME --node NODE``.
 
-``validate`` checks a package directory before it is built into an image and published,
-with the agent's own rules (``agent.validate``: the same check the agent runs before every
-mode), and lists every problem, each naming its file or JSON path. Exit 0 when the package is
-valid, 3 when it is not (the agent's exit code for an invalid package).
+``validate`` checks a package directory before it is built into an image, or the built image
+archive before it is published (``nodewright.package_image``: the files must be at the
+image's root), with the agent's own rules (``agent.validate``: the same check the agent runs
+before every mode), and lists every problem, each naming its file or JSON path. Exit 0 when
+the package is valid, 3 when it is not (the agent's exit code for an invalid package).
 
 ``rerun`` asks the executor, through a recovery request on the node (see ``nodewright.node_cmd`` and
 docs/recovery.md), to run one package's cycle again on one node — or only one stage of it
@@ -26,8 +27,7 @@ with its pod, and the command then exits 1.
 
 from __future__ import annotations
 
-import argparse
-import json
+import asyncio
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -36,125 +36,68 @@ from typing import Any
 import msgspec
 
 from agent.errors import ExitCode
-from agent.validate import validate_package_dir
-from nodewright import node_cmd
-from nodewright.node_cmd import CommandError
+from nodewright import node_cmd, output, package_image
+from nodewright.connecting import CommandError, Target, run
+from nodewright.node_cmd import DryRun
 from shared import api, nodestate, pods, progress
-from shared.config import ServiceSettings
 from shared.kube import ApiError, Kube, path_of
-
-
-def add_parser(sub: Any) -> None:
-    package = sub.add_parser(
-        "package", help="validate a package; its status, logs and reruns on nodes"
-    )
-    verbs = package.add_subparsers(dest="verb", required=True)
-    text = "check a package directory before it is published"
-    v = verbs.add_parser("validate", help=text, description=text)
-    v.add_argument("package_dir", metavar="DIR", help="the package directory (with config.json)")
-    v.add_argument("-o", "--output", choices=("text", "json"), default="text")
-    v.set_defaults(handler=run_validate)
-    text = "run a package's cycle (or one stage of it) again on a node"
-    p = verbs.add_parser("rerun", help=text, description=text)
-    p.add_argument("name", help="package name")
-    p.add_argument("--node", required=True, help="node name")
-    p.add_argument(
-        "--nodewright", default="", help="the NodeWright (needed when several have the package)"
-    )
-    p.add_argument(
-        "--stage",
-        default="",
-        choices=("", *nodestate.RERUN_STAGES),
-        help="run only this stage and the ones after it (default: the whole cycle)",
-    )
-    node_cmd.add_common(p)
-    p.set_defaults(handler=run)
-    text = "show where a package stands on each node of a NodeWright"
-    p = verbs.add_parser("status", help=text, description=text)
-    p.add_argument("name", help="package name")
-    p.add_argument("--nodewright", required=True, help="the NodeWright")
-    p.add_argument(
-        "--node",
-        action="append",
-        default=[],
-        help="only this node (repeatable; default: every target node of the NodeWright)",
-    )
-    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
-    node_cmd.add_common(p)
-    p.set_defaults(handler=run_status)
-    text = "print the logs of a package's stage and check pods on a node"
-    p = verbs.add_parser("logs", help=text, description=text)
-    p.add_argument("name", help="package name")
-    p.add_argument("--node", required=True, help="node name")
-    p.add_argument("--nodewright", default="", help="only pods of this NodeWright")
-    p.add_argument("--stage", default="", choices=("", *STAGES), help="only pods of this stage")
-    p.add_argument(
-        "--tail",
-        type=int,
-        default=-1,
-        metavar="N",
-        help="the last N lines of each log (default -1: all of it)",
-    )
-    p.add_argument(
-        "-n",
-        "--namespace",
-        default=ServiceSettings().namespace,
-        help="namespace of NodeWright's pods (the services' NODEWRIGHT_NAMESPACE; "
-        "default %(default)s)",
-    )
-    node_cmd.add_common(p)
-    p.set_defaults(handler=run_logs)
-
 
 STAGES = (*nodestate.RERUN_STAGES, "uninstall")
 """Stages a package's pods run (the interrupt pod is the node's, not a package's)."""
 
 
-async def rerun(client: Kube, args: argparse.Namespace) -> None:
-    node = await node_cmd.get_node(client, args.node)
-    crs = [
-        cr
-        for cr in node_cmd.crs_on(node)
-        if args.name in progress.facts(node, cr).executor.packages
-    ]
-    if args.nodewright:
-        if args.nodewright not in crs:
+async def rerun(
+    client: Kube, name: str, node_name: str, only: str, stage: str, dry_run: DryRun
+) -> None:
+    node = await node_cmd.get_node(client, node_name)
+    crs = [cr for cr in node_cmd.crs_on(node) if name in progress.facts(node, cr).executor.packages]
+    if only:
+        if only not in crs:
             raise CommandError(
-                f"NodeWright {args.nodewright} has not run package {args.name} on {args.node}"
+                f"NodeWright {only} has not run package {name} on {node_name} (`nodewright "
+                f"node status {node_name}` shows what it ran)"
             )
-        crs = [args.nodewright]
+        crs = [only]
     if not crs:
-        raise CommandError(f"no NodeWright has run package {args.name} on node {args.node}")
+        raise CommandError(
+            f"no NodeWright has run package {name} on node {node_name} (`nodewright node "
+            f"status {node_name}` shows what ran there)"
+        )
     if len(crs) > 1:
         raise CommandError(
-            f"several NodeWrights run package {args.name} on {args.node} ({', '.join(crs)}):"
+            f"several NodeWrights run package {name} on {node_name} ({', '.join(crs)}):"
             " pick one with --nodewright"
         )
     (cr,) = crs
-    rec = progress.facts(node, cr).executor.packages[args.name]
+    rec = progress.facts(node, cr).executor.packages[name]
     req = await node_cmd.add_request(
-        client, args.node, cr, "rerun", package=args.name, stage=args.stage
+        client, node_name, cr, "rerun", package=name, stage=stage, dry_run=dry_run
     )
     what = (
-        f"stage {args.stage} (and the stages after it)"
-        if args.stage
+        f"stage {stage} (and the stages after it)"
+        if stage
         else "its install from apply"
         if rec.state == "succeeded" and rec.installed == rec.version
         else f"its {rec.cycle} cycle from the start"
     )
-    print(
-        f"Requested rerun #{req.seq} of package {args.name} {rec.version} of NodeWright {cr} "
-        f"on node {args.node}: {what} runs again as attempt {rec.attempt + 1}; the node is "
-        "validated again afterwards.",
-        flush=True,
+    verb = "Would request" if dry_run != "none" else "Requested"
+    output.say(
+        f"{verb} rerun #{req.seq} of package {name} {rec.version} of NodeWright {cr} "
+        f"on node {node_name}: {what} runs again as attempt {rec.attempt + 1}; the node is "
+        "validated again afterwards."
     )
+    note = node_cmd.dry_run_note(dry_run)
+    if note:
+        output.say(note)
 
 
-def run(args: argparse.Namespace) -> int:
+def run_rerun(
+    target: Target, name: str, *, node: str, nodewright: str, stage: str, dry_run: DryRun
+) -> None:
     async def command(client: Kube) -> None:
-        await rerun(client, args)
+        await rerun(client, name, node, nodewright, stage, dry_run)
 
-    return node_cmd.execute(args, command)
+    run(target, command)
 
 
 # ---- status -----------------------------------------------------------------------------
@@ -207,10 +150,16 @@ def status_rows(
     return rows
 
 
-def render_status(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The ``package status`` table: NODE PACKAGE VERSION STAGE STATE ATTEMPT."""
-    cells = [
-        [
+STATUS_HEADERS = ("NODE", "PACKAGE", "VERSION", "STAGE", "STATE", "ATTEMPT")
+STATUS_WIDE_HEADERS = (*STATUS_HEADERS, "INSTALLED", "CHECK", "REASON")
+
+
+def render_status(rows: Sequence[Mapping[str, Any]], *, wide: bool = False) -> str:
+    """The ``package status`` table: NODE PACKAGE VERSION STAGE STATE ATTEMPT; wide adds the
+    installed version, the check's verdict and the stage's reason."""
+    cells = []
+    for r in rows:
+        cell = [
             r["node"],
             r["package"],
             r["version"] or "-",
@@ -218,37 +167,45 @@ def render_status(rows: Sequence[Mapping[str, Any]]) -> str:
             r["state"],
             str(r["attempt"]) if r["attempt"] else "-",
         ]
-        for r in rows
-    ]
-    return node_cmd.table(("NODE", "PACKAGE", "VERSION", "STAGE", "STATE", "ATTEMPT"), cells)
+        if wide:
+            reason = r["reason"]
+            cell += [
+                r["installed"] or "-",
+                r["check"] or "-",
+                f"{reason['code']}: {reason['message']}" if reason else "-",
+            ]
+        cells.append(cell)
+    return output.table(STATUS_WIDE_HEADERS if wide else STATUS_HEADERS, cells)
 
 
-async def status(client: Kube, args: argparse.Namespace) -> None:
-    cr = await node_cmd.require_nodewright(client, args.nodewright)
-    if args.node:
-        nodes = [await node_cmd.get_node(client, n) for n in dict.fromkeys(args.node)]
+async def status(
+    client: Kube, name: str, nodewright: str, only: Sequence[str], fmt: output.Format
+) -> None:
+    cr = await node_cmd.require_nodewright(client, nodewright)
+    if only:
+        nodes = [await node_cmd.get_node(client, n) for n in dict.fromkeys(only)]
     else:
         nodes = (await client.get(path_of(plural="nodes")))["items"]
-    recorded = any(args.name in progress.facts(n, args.nodewright).executor.packages for n in nodes)
-    if args.name not in cr.spec.packages and not recorded:
+    recorded = any(name in progress.facts(n, nodewright).executor.packages for n in nodes)
+    if name not in cr.spec.packages and not recorded:
         has = ", ".join(sorted(cr.spec.packages)) or "none"
-        raise CommandError(
-            f"NodeWright {args.nodewright} has no package {args.name} (it has: {has})"
-        )
-    rows = status_rows(cr, args.name, nodes, args.node)
-    if args.output == "json":
-        print(json.dumps({"nodewright": args.nodewright, "nodes": rows}, indent=2), flush=True)
+        raise CommandError(f"NodeWright {nodewright} has no package {name} (it has: {has})")
+    rows = status_rows(cr, name, nodes, only)
+    if fmt in ("json", "yaml"):
+        output.say(output.document({"nodewright": nodewright, "nodes": rows}, fmt))
     elif not rows:
-        print(f"NodeWright {args.nodewright} selects no node.", flush=True)
+        output.say(f"NodeWright {nodewright} selects no node.")
     else:
-        print(render_status(rows), flush=True)
+        output.say(render_status(rows, wide=fmt == "wide"))
 
 
-def run_status(args: argparse.Namespace) -> int:
+def run_status(
+    target: Target, name: str, *, nodewright: str, nodes: Sequence[str], fmt: output.Format
+) -> None:
     async def command(client: Kube) -> None:
-        await status(client, args)
+        await status(client, name, nodewright, nodes, fmt)
 
-    return node_cmd.execute(args, command)
+    run(target, command)
 
 
 # ---- logs -------------------------------------------------------------------------------
@@ -283,61 +240,99 @@ def log_header(pod: pods.PodView) -> str:
     )
 
 
-def log_query(container: str, tail: int) -> dict[str, str | int | bool]:
+def log_query(container: str, tail: int, *, follow: bool = False) -> dict[str, str | int | bool]:
     query: dict[str, str | int | bool] = {"container": container}
     if tail >= 0:
         query["tailLines"] = tail
+    if follow:
+        query["follow"] = True
     return query
 
 
-async def logs(client: Kube, args: argparse.Namespace) -> None:
-    if args.tail < -1:
-        raise CommandError(f"--tail {args.tail}: give a number of lines, or -1 for all of it")
-    await node_cmd.get_node(client, args.node)
-    selector = log_selector(args.name, nodewright=args.nodewright, stage=args.stage)
-    listed = await client.get(
-        path_of(plural="pods", namespace=args.namespace),
-        labelSelector=selector,
-        fieldSelector=f"spec.nodeName={args.node}",
+def _unfetched(pod: str, namespace: str, exc: ApiError) -> str:
+    return (
+        f"nodewright: cannot fetch the log of pod {pod}: the API server said "
+        f"{exc.status}: {exc.message} (simulated nodes, such as kwok's, keep no logs; "
+        f"`kubectl -n {namespace} describe pod {pod}` shows its state)"
     )
-    found = log_pods(listed["items"], args.node)
+
+
+async def _follow(client: Kube, path: str, query: Mapping[str, Any], prefix: str) -> None:
+    async for line in client.stream_text(path, query):
+        sys.stdout.write(prefix + (line if line.endswith("\n") else line + "\n"))
+        sys.stdout.flush()
+
+
+async def logs(
+    client: Kube,
+    name: str,
+    *,
+    node: str,
+    nodewright: str,
+    stage: str,
+    tail: int,
+    follow: bool,
+    namespace: str,
+) -> None:
+    if tail < -1:
+        raise CommandError(f"--tail {tail}: give a number of lines, or -1 for all of it")
+    await node_cmd.get_node(client, node)
+    selector = log_selector(name, nodewright=nodewright, stage=stage)
+    listed = await client.get(
+        path_of(plural="pods", namespace=namespace),
+        labelSelector=selector,
+        fieldSelector=f"spec.nodeName={node}",
+    )
+    found = log_pods(listed["items"], node)
     if not found:
         narrowed = "".join(
             f", {what} {value}"
-            for what, value in (("NodeWright", args.nodewright), ("stage", args.stage))
+            for what, value in (("NodeWright", nodewright), ("stage", stage))
             if value
         )
         raise CommandError(
-            f"no pod of package {args.name} on node {args.node} in namespace "
-            f"{args.namespace}{narrowed}. The executor keeps a stage's pod while it runs and "
+            f"no pod of package {name} on node {node} in namespace "
+            f"{namespace}{narrowed}. The executor keeps a stage's pod while it runs and "
             "after it failed, and deletes it once the node has moved on; `nodewright package "
-            f"status {args.name} --nodewright CR --node {args.node}` shows where the package "
+            f"status {name} --nodewright CR --node {node}` shows where the package "
             "stands (pods in another namespace: --namespace)"
         )
     containers = {
         p["metadata"]["name"]: ((p.get("spec") or {}).get("containers") or [{}])[0].get("name")
         for p in listed["items"]
     }
+    # Followed: the pods that may still write (not finished); the others are printed whole.
+    live = [p for p in found if follow and p.phase in ("Pending", "Running")]
     unfetched: list[str] = []
     for pod in found:
-        print(log_header(pod), flush=True)
-        path = path_of(plural="pods", namespace=args.namespace, name=pod.name, subresource="log")
+        if pod in live:
+            continue
+        output.say(log_header(pod))
+        path = path_of(plural="pods", namespace=namespace, name=pod.name, subresource="log")
         try:
             text = await client.get_text(
-                path, log_query(str(containers.get(pod.name) or "agent"), args.tail)
+                path, log_query(str(containers.get(pod.name) or "agent"), tail)
             )
         except ApiError as exc:
             unfetched.append(pod.name)
-            print(
-                f"nodewright: cannot fetch the log of pod {pod.name}: the API server said "
-                f"{exc.status}: {exc.message} (simulated nodes, such as kwok's, keep no logs; "
-                f"`kubectl -n {args.namespace} describe pod {pod.name}` shows its state)",
-                file=sys.stderr,
-                flush=True,
-            )
+            output.say(_unfetched(pod.name, namespace, exc), err=True)
             continue
         sys.stdout.write(text if not text or text.endswith("\n") else text + "\n")
         sys.stdout.flush()
+    if live:
+        for pod in live:
+            output.say(log_header(pod) + (" (following)" if len(live) == 1 else ""))
+
+        async def one(pod: pods.PodView) -> None:
+            path = path_of(plural="pods", namespace=namespace, name=pod.name, subresource="log")
+            query = log_query(str(containers.get(pod.name) or "agent"), tail, follow=True)
+            try:
+                await _follow(client, path, query, f"[{pod.name}] " if len(live) > 1 else "")
+            except ApiError as exc:
+                unfetched.append(pod.name)
+                output.say(_unfetched(pod.name, namespace, exc), err=True)
+
+        await asyncio.gather(*(one(p) for p in live))
     if unfetched:
         raise CommandError(
             f"the logs of {len(unfetched)} of {len(found)} pods could not be fetched: "
@@ -345,22 +340,43 @@ async def logs(client: Kube, args: argparse.Namespace) -> None:
         )
 
 
-def run_logs(args: argparse.Namespace) -> int:
+def run_logs(
+    target: Target,
+    name: str,
+    *,
+    node: str,
+    nodewright: str,
+    stage: str,
+    tail: int,
+    follow: bool,
+    namespace: str,
+) -> None:
     async def command(client: Kube) -> None:
-        await logs(client, args)
+        await logs(
+            client,
+            name,
+            node=node,
+            nodewright=nodewright,
+            stage=stage,
+            tail=tail,
+            follow=follow,
+            namespace=namespace,
+        )
 
-    return node_cmd.execute(args, command)
+    run(target, command)
 
 
-def run_validate(args: argparse.Namespace) -> int:
-    problems = validate_package_dir(args.package_dir)
-    if args.output == "json":
-        doc = {"package_dir": args.package_dir, "ok": not problems, "problems": problems}
-        print(json.dumps(doc, indent=2), flush=True)
+def run_validate(package_dir: str, fmt: output.Format) -> int:
+    """Check the package directory or built image archive; the agent's exit code (0 valid,
+    3 invalid)."""
+    problems = package_image.validate(package_dir)
+    if fmt in ("json", "yaml"):
+        doc = {"package_dir": package_dir, "ok": not problems, "problems": problems}
+        output.say(output.document(doc, fmt))
     elif problems:
-        print(f"{args.package_dir}: {len(problems)} problems", file=sys.stderr)
+        output.say(f"{package_dir}: {len(problems)} problems", err=True)
         for problem in problems:
-            print(f"  {problem}", file=sys.stderr)
+            output.say(f"  {problem}", err=True)
     else:
-        print(f"{args.package_dir}: valid", flush=True)
+        output.say(f"{package_dir}: valid")
     return int(ExitCode.OK if not problems else ExitCode.INVALID_PACKAGE)

@@ -1,59 +1,128 @@
 """``nodewright sandbox``: the whole system on this machine, on simulated nodes.
 
 Starts the rig (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok,
-nats-server) on loopback, installs the CRDs, starts the five services as processes, creates
-simulated nodes (default 30 ``nodepool=gpu`` + 10 ``nodepool=cpu``), applies the example
-NodeWright (deploy/samples/nodewright-gpu-node-tuning.yaml), and shows the rollout live
-until the NodeWright is Ready. Then it prints how to look around with kubectl and how to
-follow the event stream, and keeps running until Ctrl-C, when it stops everything.
+nats-server) on loopback, installs the CRDs, creates simulated nodes (default 30
+``nodepool=gpu`` + 10 ``nodepool=cpu``), starts the five services as processes, and prints
+how to follow along — the kubeconfig, the rig's own kubectl (the version of the control
+plane), the NATS URL, the status service's web page — before it applies the example
+NodeWright (deploy/samples/nodewright-gpu-node-tuning.yaml). Then it shows the rollout live
+until the NodeWright is Ready: the batches, which node is in which at what stage, the
+budget and an estimate of the time left (``nodewright.liveview``; a terminal gets a live
+table, a pipe or a file one line per change). It keeps running until Ctrl-C.
 
-Nodes and package runs are SIMULATED by kwok: nothing on this machine is changed.
+Stopping is the part that must not fail: Ctrl-C (SIGINT), SIGTERM or SIGHUP at any moment
+stops every process the sandbox started and removes the rig's directory (in /dev/shm) after
+copying the logs out, whatever stdout is connected to. Output never raises: a reader that
+went away (``make sandbox | tee log`` and Ctrl-C kills tee too) turns later output into
+nothing instead of an exception that skipped the clean-up. Every process is started from
+the main thread, so each also gets the kernel's parent-death signal (a child started from a
+worker thread gets it when that thread ends, so it was not armed), and the clean-up ignores
+further signals until it is done.
+
+Nodes and package runs are SIMULATED by kwok: nothing on this machine is changed. With
+``--real-node`` the rig also starts one REAL node (containerd + kubelet in namespaces of its
+own: ``nodewright.rig.realnode``), and the example package sysctl-tuning
+(deploy/samples/nodewright-sysctl-tuning.yaml) runs on it in real containers, changing the
+node's throwaway host root only.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
+import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
-from collections import Counter
-from typing import Any
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
 
 import msgspec
 from kubernetes_asyncio import client, config
 
-from nodewright import manifests
+from nodewright import liveview, manifests
 from nodewright.rig import Rig, RigError, nodes
 from nodewright.rig.fleet import Fleet
-from shared import api, progress
+from nodewright.rig.realnode import NodeSpec
 from shared.kube import Kube, path_of
 
-GPU_LABELS = {"nodepool": "gpu", "nvidia.com/gpu.present": "true"}
-CPU_LABELS = {"nodepool": "cpu"}
-EXAMPLE = "nodewright-gpu-node-tuning.yaml"
-NAMESPACE = "nodewright-system"
+GPU_LABELS: Final = {"nodepool": "gpu", "nvidia.com/gpu.present": "true"}
+CPU_LABELS: Final = {"nodepool": "cpu"}
+EXAMPLE: Final = "nodewright-gpu-node-tuning.yaml"
+REAL_EXAMPLE: Final = "nodewright-sysctl-tuning.yaml"
+REAL_LABELS: Final = {"nodepool": "real"}
+NAMESPACE: Final = "nodewright-system"
+STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("sandbox", help="run NodeWright locally on simulated nodes")
-    p.add_argument("--gpu-nodes", type=int, default=30, help="simulated nodepool=gpu nodes")
-    p.add_argument("--cpu-nodes", type=int, default=10, help="simulated nodepool=cpu nodes")
-    p.add_argument(
-        "--stage-duration", default="2s", help="how long each simulated package stage runs"
+class Screen:
+    """stdout and stderr that never raise: once the reader is gone, output goes nowhere."""
+
+    def __init__(self) -> None:
+        self.gone = False
+        self.tty = sys.stdout.isatty()
+
+    def lost(self) -> None:
+        self.gone = True
+        # Later writes (ours, rich's, the interpreter's last flush) go to /dev/null instead
+        # of failing again.
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+
+    def say(self, text: str = "", *, err: bool = False) -> None:
+        if self.gone and not err:
+            return
+        stream = sys.stderr if err else sys.stdout
+        try:
+            print(text, file=stream, flush=True)
+        except OSError:  # BrokenPipeError, or EIO from a terminal that was closed
+            if not err:
+                self.lost()
+
+
+def follow_along(rig: Rig, fleet: Fleet, name: str) -> str:
+    """How to watch the rollout with the usual tools while it runs."""
+    ep = rig.endpoints
+    kubectl = rig.bin_dir / "kubectl"
+    nats_cli = rig.bin_dir / "nats"
+    status = fleet.replicas.get("status") or []
+    page = (
+        f"http://127.0.0.1:{status[0].health_port}/ui/?token={ep.token}"
+        if status
+        else "(the status service is not running)"
     )
-    p.add_argument(
-        "--exit-when-ready",
-        action="store_true",
-        help="stop everything once the example NodeWright is Ready (for scripts and CI)",
+    nats_line = (
+        f"  {nats_cli} --server {ep.nats_url} sub 'nw.ev.>' --stream NODEWRIGHT --all"
+        "   (CloudEvents)"
+        if nats_cli.exists()
+        else "  (the nats CLI: scripts/build-rig.sh natscli builds it into the same directory)"
     )
-    p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
-    p.set_defaults(handler=run)
-
-
-def _say(text: str = "") -> None:
-    print(text, flush=True)
+    what = (
+        "the gpu/cpu nodes and their package runs are SIMULATED by kwok; the real node runs "
+        "sysctl-tuning in real containers, changing its throwaway host root, never this machine"
+        if rig.real is not None
+        else "nodes and package runs are SIMULATED by kwok; nothing on this machine changes"
+    )
+    return f"""
+Follow along ({what}):
+  export KUBECONFIG={ep.kubeconfig}
+  {kubectl} get nodewright {name} -w        (the rig's kubectl, the control plane's version)
+  {kubectl} get nodes -L nodepool
+  {kubectl} get events -A
+  .venv/bin/nodewright node list --nodewright {name}
+  kubectl nodewright plan {name}            (with .venv/bin on PATH: the kubectl plugin)
+Follow the event stream:
+  .venv/bin/nodewright events --server {ep.nats_url} --all
+{nats_line}
+The live page of the status service (the token is the sandbox's admin token):
+  {page}
+Logs of every component, while it runs: {rig.dir}
+"""
 
 
 async def _client(rig: Rig) -> client.ApiClient:
@@ -64,142 +133,260 @@ async def _client(rig: Rig) -> client.ApiClient:
     return client.ApiClient(configuration=cfg)
 
 
-def summary(cr: api.NodeWright, all_nodes: list[dict[str, Any]]) -> tuple[str, bool]:
-    """One progress line computed from the nodes themselves, and whether all are done."""
-    states: Counter[str] = Counter()
-    batches: Counter[int] = Counter()
-    cordoned = 0
-    targets = 0
-    for node in all_nodes:
-        facts = progress.facts(node, cr.metadata.name)
-        if not progress.selector_matches(cr.spec.node_selectors, facts.labels):
-            continue
-        targets += 1
-        turn = progress.turn(cr, facts)
-        bucket = {
-            "scheduler": "waiting",
-            "done": "done",
-            "failed": "failed",
-        }.get(turn, "in progress")
-        states[bucket] += 1
-        if facts.selection is not None and bucket == "in progress":
-            batches[facts.selection.batch] += 1
-        if facts.unschedulable:
-            cordoned += 1
-    batch = ",".join(f"{b}:{n}" for b, n in sorted(batches.items())) or "-"
-    line = (
-        f"waiting {states['waiting']:>3} | in progress {states['in progress']:>3} "
-        f"(by batch {batch}) | done {states['done']:>3} | failed {states['failed']:>3} "
-        f"| cordoned {cordoned:>3}/{targets}"
-    )
-    return line, targets > 0 and states["done"] == targets
-
-
 def _ready(raw: dict[str, Any]) -> bool:
     conditions = (raw.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-async def _rollout(rig: Rig, fleet: Fleet, args: argparse.Namespace, stop: asyncio.Event) -> bool:
+def real_node_hint(rig: Rig) -> str:
+    """Where to see what the example package changed on the real node (--real-node)."""
+    assert rig.real is not None
+    node = rig.real.nodes[0]
+    kubectl = rig.bin_dir / "kubectl"
+    return f"""
+The REAL node {node.name} ran sysctl-tuning in real containers (containerd): it changed the
+node's throwaway host root, never this machine:
+  cat {node.host_root}/etc/sysctl.d/90-nodewright-sysctl-tuning.conf
+  cat {node.host_root}/proc/sys/vm/swappiness
+  ls -R {node.host_root}/var/log/nodewright/sysctl-tuning
+  {kubectl} get pods -n {NAMESPACE} -o wide --field-selector spec.nodeName={node.name}
+"""
+
+
+class Live:
+    """The rollout as it goes: a live table in a terminal, a line per change elsewhere."""
+
+    def __init__(self, screen: Screen) -> None:
+        self.screen = screen
+        self.last = ""
+        self._live: Any = None
+        if screen.tty:
+            from rich.console import Console
+            from rich.live import Live as RichLive
+
+            self._live = RichLive(console=Console(), auto_refresh=False, transient=False)
+            self._live.start()
+
+    def show(self, snap: liveview.Snapshot, left: float | None, elapsed: float) -> None:
+        if self._live is not None and not self.screen.gone:
+            try:
+                self._live.update(liveview.panel(snap, left, elapsed), refresh=True)
+            except OSError:
+                self.screen.lost()
+            return
+        # A pipe or a file gets the summary and the batches in flight whenever they change.
+        first, *rest = liveview.lines(snap, left)
+        text = "\n".join([first, *rest])
+        if text != self.last:
+            self.screen.say("\n".join([f"  [{elapsed:6.1f}s] {first}", *rest]))
+            self.last = text
+
+    def close(self) -> None:
+        if self._live is not None:
+            with contextlib.suppress(OSError):
+                self._live.stop()
+            self._live = None
+
+
+async def _rollout(
+    rig: Rig, fleet: Fleet, screen: Screen, opts: Options, stop: asyncio.Event
+) -> bool:
     async with await _client(rig) as raw:
         kube = Kube(raw)
         await manifests.install_crds(kube)
         await manifests.ensure_namespace(kube, NAMESPACE)
         names = await nodes.create_nodes(
-            kube, [f"gpu-node-{i:03d}" for i in range(args.gpu_nodes)], labels=GPU_LABELS
+            kube, [f"gpu-node-{i:03d}" for i in range(opts.gpu_nodes)], labels=GPU_LABELS
         )
         names += await nodes.create_nodes(
-            kube, [f"cpu-node-{i:03d}" for i in range(args.cpu_nodes)], labels=CPU_LABELS
+            kube, [f"cpu-node-{i:03d}" for i in range(opts.cpu_nodes)], labels=CPU_LABELS
         )
         await nodes.wait_ready(kube, names)
-        _say(f"Created {args.gpu_nodes} simulated GPU nodes and {args.cpu_nodes} CPU nodes.")
-        _say("Starting the five services (scheduler, drainer, executor, validator, status) ...")
-        await asyncio.to_thread(fleet.start_all)
+        screen.say(f"Created {opts.gpu_nodes} simulated GPU nodes and {opts.cpu_nodes} CPU nodes.")
+        if stop.is_set():
+            return False
+        screen.say(
+            "Starting the five services (scheduler, drainer, executor, validator, status) ..."
+        )
+        # From the main thread, on purpose: see the module docstring (parent-death signal).
+        fleet.start_all()
         example = manifests.sample(EXAMPLE)
-        await manifests.apply(kube, example)
         name = example["metadata"]["name"]
-        _say(f"Applied NodeWright {name} (deploy/samples/{EXAMPLE}); rolling out:")
+        screen.say(follow_along(rig, fleet, name))
+        if stop.is_set():
+            return False
+        await manifests.apply(kube, example)
+        screen.say(f"Applied NodeWright {name} (deploy/samples/{EXAMPLE}); rolling out:")
+        # The real node's own NodeWright, beside the simulated one (--real-node).
+        real = manifests.sample(REAL_EXAMPLE) if rig.real is not None else None
+        real_ready = real is None
+        if real is not None:
+            await manifests.apply(kube, real)
+            screen.say(
+                f"Applied NodeWright {real['metadata']['name']} (deploy/samples/{REAL_EXAMPLE}) "
+                "for the real node."
+            )
         t0 = time.monotonic()
-        last = ""
-        while not stop.is_set():
-            fleet.check_alive()
-            rig.check_alive()
-            raw_cr = await kube.get(f"{manifests.NODEWRIGHTS}/{name}")
-            cr = api.from_dict(raw_cr, api.NodeWright)
-            listed = await kube.get(path_of(plural="nodes"))
-            line, done = summary(cr, listed["items"])
-            if line != last:
-                _say(f"  [{time.monotonic() - t0:6.1f}s] {line}")
-                last = line
-            if done and _ready(raw_cr):
-                _say(f"NodeWright {name} is Ready after {time.monotonic() - t0:.1f}s.")
-                return True
-            if time.monotonic() - t0 > args.timeout:
-                _say(f"NodeWright {name} not Ready after {args.timeout:.0f}s; logs: {rig.dir}")
-                return False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1.0)
+        clock = liveview.Clock(started=t0)
+        live = Live(screen)
+        try:
+            while not stop.is_set():
+                fleet.check_alive()
+                rig.check_alive()
+                raw_cr = await kube.get(f"{manifests.NODEWRIGHTS}/{name}")
+                listed = await kube.get(path_of(plural="nodes"))
+                snap = liveview.snapshot(raw_cr, listed["items"])
+                now = time.monotonic()
+                clock.observe(snap, now)
+                live.show(snap, clock.left_s(snap, now), now - t0)
+                if real is not None and not real_ready:
+                    real_name = real["metadata"]["name"]
+                    raw_real = await kube.get(f"{manifests.NODEWRIGHTS}/{real_name}")
+                    if _ready(raw_real):
+                        real_ready = True
+                        screen.say(
+                            f"NodeWright {real_name} is Ready on the real node after "
+                            f"{now - t0:.1f}s."
+                        )
+                if snap.done and _ready(raw_cr) and real_ready:
+                    live.close()
+                    screen.say(f"NodeWright {name} is Ready after {now - t0:.1f}s.")
+                    return True
+                if now - t0 > opts.timeout_s:
+                    live.close()
+                    screen.say(
+                        f"NodeWright {name} not Ready after {opts.timeout_s:.0f}s; logs: {rig.dir}"
+                    )
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
+        finally:
+            live.close()
     return False
 
 
-async def _main(rig: Rig, fleet: Fleet, args: argparse.Namespace) -> int:
+class Options(msgspec.Struct, frozen=True, kw_only=True):
+    gpu_nodes: int = 30
+    cpu_nodes: int = 10
+    stage_duration: str = "2s"
+    exit_when_ready: bool = False
+    timeout_s: float = 900.0
+
+
+async def _main(rig: Rig, fleet: Fleet, screen: Screen, opts: Options) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
-    ok = await _rollout(rig, fleet, args, stop)
-    ep = rig.endpoints
-    _say(
-        f"""
-Look around (nodes and package runs are SIMULATED by kwok; nothing on this machine changed):
-  export KUBECONFIG={ep.kubeconfig}
-  kubectl get nodewrights
-  kubectl wait --for=condition=Ready nodewright/gpu-node-tuning
-  kubectl get nodes -L nodepool
-  kubectl get node gpu-node-000 -o jsonpath='{{.metadata.annotations}}'
-  kubectl get events -A --sort-by=.lastTimestamp
-
-Follow the event stream:
-  .venv/bin/nodewright events --server {ep.nats_url} --all
-  nats --server {ep.nats_url} sub 'nw.ev.>'     (with the nats CLI, if installed)
-
-Logs of every component: {rig.dir}
-"""
-    )
-    if args.exit_when_ready or stop.is_set():
+    try:
+        ok = await _rollout(rig, fleet, screen, opts, stop)
+        if stop.is_set():
+            return 0
+        if rig.real is not None:
+            screen.say(real_node_hint(rig))
+        if opts.exit_when_ready:
+            return 0 if ok else 1
+        name = manifests.sample(EXAMPLE)["metadata"]["name"]
+        screen.say(
+            f"\nThe rollout is done; look around as above, e.g. "
+            f"`{rig.bin_dir / 'kubectl'} --kubeconfig {rig.endpoints.kubeconfig} wait "
+            f"--for=condition=Ready nodewright/{name}`."
+        )
+        screen.say("Press Ctrl-C to stop everything.")
+        while not stop.is_set():
+            try:
+                fleet.check_alive()
+                rig.check_alive()
+            except RigError as exc:
+                screen.say(f"sandbox: {exc}", err=True)
+                return 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
         return 0 if ok else 1
-    _say("Press Ctrl-C to stop everything.")
-    while not stop.is_set():
-        try:
-            fleet.check_alive()
-            rig.check_alive()
-        except RigError as exc:
-            print(f"sandbox: {exc}", file=sys.stderr)
-            return 1
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 1.0)
-    return 0 if ok else 1
+    finally:
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
 
 
-def run(args: argparse.Namespace) -> int:
-    rig = Rig(keep_work_dir=not args.exit_when_ready)
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP stop the synchronous phases (starting the rig) as Ctrl-C does."""
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def save_logs(rig: Rig) -> Path | None:
+    """Copy the rig's logs out of its directory (which goes, with etcd's data) to /tmp."""
+    if rig.work_dir is None or not rig.work_dir.is_dir():
+        return None
+    logs = sorted(rig.work_dir.glob("*.log"))
+    if not logs:
+        return None
+    target = Path(tempfile.mkdtemp(prefix="nodewright-sandbox-logs-", dir=tempfile.gettempdir()))
+    for log in logs:
+        with contextlib.suppress(OSError):
+            shutil.copy2(log, target / log.name)
+    return target
+
+
+def run(
+    *,
+    gpu_nodes: int = 30,
+    cpu_nodes: int = 10,
+    stage_duration: str = "2s",
+    exit_when_ready: bool = False,
+    timeout_s: float = 900.0,
+    real_node: bool = False,
+) -> int:
+    opts = Options(
+        gpu_nodes=gpu_nodes,
+        cpu_nodes=cpu_nodes,
+        stage_duration=stage_duration,
+        exit_when_ready=exit_when_ready,
+        timeout_s=timeout_s,
+    )
+    screen = Screen()
+    # The directory goes at the end: etcd's data is throw-away, the logs are copied out.
+    rig = Rig(keep_work_dir=False, real_nodes=(NodeSpec(labels=REAL_LABELS),) if real_node else ())
     fleet = Fleet(
         rig,
         namespace=NAMESPACE,
-        extra_env={"NODEWRIGHT_PODS_SIM_STAGE_DURATION": args.stage_duration},
+        extra_env={"NODEWRIGHT_PODS_SIM_STAGE_DURATION": opts.stage_duration},
     )
-    _say("Starting a local control plane and NATS on loopback (simulated nodes, nothing real) ...")
+    code = 1
     try:
-        rig.start()
-        _say(f"Control plane and NATS up in {rig.timings['total']:.1f}s.")
-        return asyncio.run(_main(rig, fleet, args))
+        with _signals_interrupt():
+            what = (
+                "simulated nodes, one real node" if real_node else "simulated nodes, nothing real"
+            )
+            screen.say(f"Starting a local control plane and NATS on loopback ({what}) ...")
+            rig.start()
+            screen.say(f"Control plane and NATS up in {rig.timings['total']:.1f}s.")
+            code = asyncio.run(_main(rig, fleet, screen, opts))
+    except KeyboardInterrupt:
+        code = 0  # stopping is what Ctrl-C asks for; the clean-up below does it
     except RigError as exc:
-        print(f"sandbox: {exc}", file=sys.stderr)
-        return 1
+        screen.say(f"sandbox: {exc}", err=True)
     except msgspec.ValidationError as exc:
-        print(f"sandbox: unexpected NodeWright content: {exc}", file=sys.stderr)
-        return 1
+        screen.say(f"sandbox: unexpected NodeWright content: {exc}", err=True)
     finally:
-        _say("Stopping the sandbox ...")
-        fleet.stop()
-        rig.stop()
+        # Nothing may interrupt the clean-up: a second Ctrl-C would leave processes behind.
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+        try:
+            screen.say("Stopping the sandbox (every process it started) ...")
+            fleet.stop(timeout_s=15.0)
+            logs = save_logs(rig)
+            rig.stop()
+            screen.say(f"Stopped. Logs: {logs}" if logs else "Stopped.")
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    return code

@@ -19,13 +19,14 @@ objects and reads what the services report.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from nodewright import manifests, node_cmd
+from nodewright import manifests, node_cmd, output
+from nodewright.connecting import Target, run
+from nodewright.node_cmd import DryRun
 from shared import api
 from shared.kube import ApiError, Kube
 
@@ -44,36 +45,6 @@ REPEAT_AFTER_S: Final = 30.0
 ABANDON: Final = (
     'kubectl patch nodewright NAME --type=merge -p \'{"metadata":{"finalizers":null}}\''
 )
-
-
-def add_parser(sub: Any) -> None:
-    text = (
-        "delete every NodeWright (their finalizers uninstall their packages), then every "
-        "DeploymentPolicy"
-    )
-    p = sub.add_parser("uninstall-all", help=text, description=text)
-    p.add_argument(
-        "--wait",
-        action="store_true",
-        help="wait until every NodeWright is gone, saying what each waits for, then delete "
-        "the DeploymentPolicies (without it they are deleted only if no NodeWright is left)",
-    )
-    p.add_argument(
-        "--timeout",
-        type=_seconds,
-        default=DEFAULT_TIMEOUT_S,
-        metavar="SECONDS",
-        help=f"with --wait: give up (exit 1) after this long (default {DEFAULT_TIMEOUT_S:g})",
-    )
-    node_cmd.add_common(p)
-    p.set_defaults(handler=run)
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds above 0")
-    return value
 
 
 # ---- what a remaining NodeWright waits for (pure) -----------------------------------------
@@ -218,9 +189,44 @@ async def delete_policies(client: Kube, say: Callable[[str], None]) -> None:
             say(f"Deleted DeploymentPolicy {name}.")
 
 
+async def dry_run_all(client: Kube, say: Callable[[str], None], dry_run: DryRun) -> None:
+    """What ``uninstall-all`` would delete, without deleting (server: the API server checks
+    each deletion, and deletes nothing)."""
+    for path, kind in (
+        (manifests.NODEWRIGHTS, "NodeWright"),
+        (manifests.POLICIES, "DeploymentPolicy"),
+    ):
+        for obj in await _list(client, path):
+            name = _name(obj)
+            if kind == "NodeWright" and obj["metadata"].get("deletionTimestamp"):
+                say(f"NodeWright {name} is being deleted already.")
+                continue
+            if dry_run == "server":
+                try:
+                    await client.delete_if_present(f"{path}/{name}", dry_run=True)
+                except ApiError as exc:
+                    # A policy still named by a NodeWright: the webhook refuses it until the
+                    # NodeWrights are gone, which a dry run never makes them.
+                    say(
+                        f"Would delete {kind} {name} once the NodeWrights are gone; now the "
+                        f"API server refuses it ({exc.status}: {exc.message})."
+                    )
+                    continue
+            say(f"Would delete {kind} {name}.")
+    say(node_cmd.dry_run_note(dry_run) or "")
+
+
 async def uninstall_all(
-    client: Kube, *, wait: bool, timeout_s: float, say: Callable[[str], None]
+    client: Kube,
+    *,
+    wait: bool,
+    timeout_s: float,
+    say: Callable[[str], None],
+    dry_run: DryRun = "none",
 ) -> None:
+    if dry_run != "none":
+        await dry_run_all(client, say, dry_run)
+        return
     remaining = await delete_nodewrights(client, say)
     if wait:
         await wait_gone(client, remaining, timeout_s=timeout_s, say=say)
@@ -237,12 +243,8 @@ async def uninstall_all(
     say("Nothing of NodeWright's is left: no NodeWright, no DeploymentPolicy.")
 
 
-def _say(text: str) -> None:
-    print(text, flush=True)
-
-
-def run(args: argparse.Namespace) -> int:
+def run_uninstall_all(target: Target, *, wait: bool, timeout_s: float, dry_run: DryRun) -> None:
     async def command(client: Kube) -> None:
-        await uninstall_all(client, wait=args.wait, timeout_s=args.timeout, say=_say)
+        await uninstall_all(client, wait=wait, timeout_s=timeout_s, say=output.say, dry_run=dry_run)
 
-    return node_cmd.execute(args, command)
+    run(target, command)

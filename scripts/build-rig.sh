@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
 # Build the test rig's Go binaries (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, kwok, helm) from the Go module proxy into a cache outside the repo.
+# kube-scheduler, kubectl, kubelet, kube-proxy, kwok, helm, containerd and its runc shim,
+# ctr, CoreDNS, the pod sandbox "pause" program, crane, whose registry the chart tests push
+# the chart to, and the operator's tools the tests use: the nats CLI and krew) from the Go
+# module proxy into a cache outside the repo, unpacks Debian's containerd 1.6 package beside
+# them (a runtime without image volumes, for one of the rig's real nodes) and promtool from
+# Debian's prometheus package, and copies
+# the Prometheus Operator's CRDs out of its module (the chart's ServiceMonitor/PodMonitor
+# tests). Usage: build-rig.sh [component ...] (default: all).
 #
 # Idempotent: each component is keyed by the hash of its wrapper module's go.mod/go.sum
 # and the Go version; a warm cache returns at once. Prints the bin directory on the
@@ -25,8 +32,8 @@ fi
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 
-key_of() { # component dir -> short hash of its module files and the Go version
-  cat "$here/tools/$1/go.mod" "$here/tools/$1/go.sum" | { cat; echo "go$go_version"; } | sha256sum | cut -c1-16
+key_of() { # component dir -> short hash of its files (go.mod, go.sum, any source) and the Go version
+  (cd "$here/tools/$1" && find . -type f | LC_ALL=C sort | xargs cat) | { cat; echo "go$go_version"; } | sha256sum | cut -c1-16
 }
 
 bin_dir="$cache_root/bin"
@@ -51,16 +58,40 @@ build() { # name component outputs... ; the build cmd follows after '--'
     kwok)
       (cd "$here/tools/kwok" && go build -trimpath -ldflags "-s -w" -o "$tmp/kwok" sigs.k8s.io/kwok/cmd/kwok) \
         || die "kwok build failed (module sigs.k8s.io/kwok); see the go output above." ;;
+    containerd)
+      # containerd 2.x: 1.x has no image volumes, which package pods use.
+      (cd "$here/tools/containerd" && go build -trimpath -tags no_btrfs,no_devmapper -ldflags "-s -w" -o "$tmp/" \
+          github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+          github.com/containerd/containerd/v2/cmd/ctr) \
+        || die "containerd build failed (module github.com/containerd/containerd/v2); see the go output above." ;;
+    coredns)
+      # Cluster DNS for the real nodes' pods (Service names, the NATS cluster's routes).
+      (cd "$here/tools/coredns" && go build -trimpath -ldflags "-s -w" -o "$tmp/coredns" github.com/coredns/coredns) \
+        || die "coredns build failed (module github.com/coredns/coredns); see the go output above." ;;
+    pause)
+      (cd "$here/tools/pause" && go build -trimpath -ldflags "-s -w" -o "$tmp/pause" .) \
+        || die "pause build failed (tools/pause); see the go output above." ;;
+    crane)
+      # `crane registry serve`: an OCI registry on loopback for the chart's push/install test.
+      (cd "$here/tools/crane" && go build -trimpath -ldflags "-s -w" -o "$tmp/crane" github.com/google/go-containerregistry/cmd/crane) \
+        || die "crane build failed (module github.com/google/go-containerregistry); see the go output above." ;;
     helm)
       (cd "$here/tools/helm" && go build -trimpath -ldflags "-s -w" -o "$tmp/helm" helm.sh/helm/v3/cmd/helm) \
         || die "helm build failed (module helm.sh/helm/v3); see the go output above." ;;
+    natscli)
+      (cd "$here/tools/natscli" && go build -trimpath -ldflags "-s -w" -o "$tmp/nats" github.com/nats-io/natscli/nats) \
+        || die "nats CLI build failed (module github.com/nats-io/natscli); see the go output above." ;;
+    krew)
+      (cd "$here/tools/krew" && go build -trimpath -ldflags "-s -w" -o "$tmp/krew" sigs.k8s.io/krew/cmd/krew) \
+        || die "krew build failed (module sigs.k8s.io/krew); see the go output above." ;;
     k8s)
       local ld="-s -w"
       for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
         ld="$ld -X $p.gitVersion=$k8s_version -X $p.gitMajor=1 -X $p.gitMinor=$k8s_minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
       done
       (cd "$here/tools/k8s" && go build -trimpath -tags notest,grpcnotrace -ldflags "$ld" -o "$tmp/" \
-          k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl) \
+          k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
+          k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy) \
         || die "kubernetes build failed (module k8s.io/kubernetes $k8s_version); see the go output above." ;;
   esac
   for b in "$@"; do
@@ -74,9 +105,100 @@ build() { # name component outputs... ; the build cmd follows after '--'
   log "$comp: built in $(( $(date +%s) - t0 ))s"
 }
 
-build etcd etcd
-build kwok kwok
-build helm helm
-build k8s kube-apiserver kube-controller-manager kube-scheduler kubectl
+# Debian's containerd 1.6 (no image volumes), unpacked from its package into the cache, never
+# installed: the rig's "legacy runtime" real node, on which NodeWright must say what to set.
+debian_containerd() {
+  local version; version=$(apt-cache policy containerd 2>/dev/null | sed -n 's/^ *Candidate: //p')
+  [ -n "$version" ] && [ "$version" != "(none)" ] || die "Debian's containerd package is not known to apt (apt-get update?)"
+  local dest="$cache_root/containerd-1.6"
+  if [ -x "$dest/usr/bin/containerd" ] && [ "$(cat "$dest/.version" 2>/dev/null)" = "$version" ]; then
+    log "containerd-1.6: cached ($version)"; return 0
+  fi
+  log "containerd-1.6: unpacking Debian's containerd $version ..."
+  local tmp; tmp=$(mktemp -d "$cache_root/tmp.XXXXXX")
+  (cd "$tmp" && apt-get download "containerd=$version" >/dev/null 2>&1) \
+    || { rm -rf "$tmp"; die "apt-get download containerd=$version failed"; }
+  rm -rf "$dest"
+  dpkg-deb -x "$tmp"/containerd_*.deb "$dest" || die "unpacking containerd $version failed"
+  echo "$version" > "$dest/.version"
+  rm -rf "$tmp"
+}
+
+# Prometheus' linter, promtool, from Debian's prometheus package (unpacked, never installed:
+# no daemon is set up). Built from the Go module proxy it took 807 s of a cold build, more
+# than a third of the rig's.
+debian_promtool() {
+  local version; version=$(apt-cache policy prometheus 2>/dev/null | sed -n 's/^ *Candidate: //p')
+  [ -n "$version" ] && [ "$version" != "(none)" ] || die "Debian's prometheus package is not known to apt (apt-get update?)"
+  local stamp="$cache_root/stamps/promtool-deb-$version"
+  if [ -f "$stamp" ] && [ -x "$bin_dir/promtool" ]; then
+    log "promtool: cached (Debian prometheus $version)"; return 0
+  fi
+  log "promtool: unpacking Debian's prometheus $version ..."
+  local tmp; tmp=$(mktemp -d "$cache_root/tmp.XXXXXX")
+  (cd "$tmp" && apt-get download "prometheus=$version" >/dev/null 2>&1) \
+    || { rm -rf "$tmp"; die "apt-get download prometheus=$version failed"; }
+  dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/x" || die "unpacking prometheus $version failed"
+  [ -x "$tmp/x/usr/bin/promtool" ] || die "Debian's prometheus $version has no usr/bin/promtool"
+  mv -f "$tmp/x/usr/bin/promtool" "$bin_dir/promtool"
+  rm -rf "$tmp"
+  mkdir -p "$cache_root/stamps"
+  rm -f "$cache_root/stamps/promtool-"*
+  touch "$stamp"
+}
+
+# The Prometheus Operator's ServiceMonitor and PodMonitor CRDs, as its release ships them
+# (example/prometheus-operator-crd in its Go module, pinned and checksummed by
+# tools/prometheus-operator/go.sum), copied into the cache: the chart's tests install them to
+# check its ServiceMonitor and PodMonitor on the API server. Nothing is built.
+prometheus_crds() {
+  local key; key=$(key_of prometheus-operator)
+  local dest="$cache_root/crds/prometheus-operator"
+  if [ -f "$dest/.key" ] && [ "$(cat "$dest/.key")" = "$key" ]; then
+    log "prometheus-crds: cached ($key)"; return 0
+  fi
+  local mod=github.com/prometheus-operator/prometheus-operator
+  local version; version=$(sed -n "s|^require $mod \\(v[^ ]*\\)$|\\1|p" "$here/tools/prometheus-operator/go.mod")
+  local sum; sum=$(sed -n "s|^$mod $version \\(h1:[^ ]*\\)$|\\1|p" "$here/tools/prometheus-operator/go.sum")
+  [ -n "$version" ] && [ -n "$sum" ] || die "tools/prometheus-operator: go.mod/go.sum name no version and hash of $mod"
+  log "prometheus-crds: fetching $mod@$version ($key) ..."
+  # Outside any module (only this one is downloaded, not its dependencies); the go command checks
+  # the zip against the checksum database, and its hash must be the one in go.sum.
+  local tmp; tmp=$(mktemp -d "$cache_root/tmp.XXXXXX")
+  local json; json=$(cd "$tmp" && GOFLAGS= go mod download -json "$mod@$version") \
+    || { rm -rf "$tmp"; die "go mod download $mod@$version failed: $json"; }
+  rmdir "$tmp"
+  local dir; dir=$(printf '%s\n' "$json" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  local got; got=$(printf '%s\n' "$json" | sed -n 's/^[[:space:]]*"Sum": "\(.*\)",$/\1/p')
+  [ "$got" = "$sum" ] || die "$mod@$version has hash '$got', tools/prometheus-operator/go.sum says $sum"
+  rm -rf "$dest"; mkdir -p "$dest"
+  for kind in servicemonitors podmonitors; do
+    cp "$dir/example/prometheus-operator-crd/monitoring.coreos.com_$kind.yaml" "$dest/" \
+      || die "$mod@$version has no example/prometheus-operator-crd/monitoring.coreos.com_$kind.yaml"
+  done
+  chmod 0644 "$dest"/*.yaml
+  echo "$version" > "$dest/.version"
+  echo "$key" > "$dest/.key"
+}
+
+want=${*:-etcd kwok helm k8s pause containerd containerd-1.6 coredns crane prometheus-crds natscli promtool krew}
+for comp in $want; do
+  case $comp in
+    etcd) build etcd etcd ;;
+    kwok) build kwok kwok ;;
+    helm) build helm helm ;;
+    k8s) build k8s kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy ;;
+    pause) build pause pause ;;
+    containerd) build containerd containerd containerd-shim-runc-v2 ctr ;;
+    containerd-1.6) debian_containerd ;;
+    coredns) build coredns coredns ;;
+    crane) build crane crane ;;
+    prometheus-crds) prometheus_crds ;;
+    natscli) build natscli nats ;;
+    promtool) debian_promtool ;;
+    krew) build krew krew ;;
+    *) die "unknown component '$comp' (etcd kwok helm k8s pause containerd containerd-1.6 coredns crane prometheus-crds natscli promtool krew)" ;;
+  esac
+done
 
 echo "$bin_dir"

@@ -1167,27 +1167,6 @@ class ConditionType:
     DELETION_BLOCKED: Final = "DeletionBlocked"
 
 
-class NodeReason:
-    """Machine-readable reasons in status.nodeDetails[].reason (CamelCase, open-ended)."""
-
-    WAITING_FOR_BATCH: Final = "WaitingForBatch"
-    WAITING_FOR_WINDOW: Final = "WaitingForWindow"
-    WAITING_FOR_PRIORITY: Final = "WaitingForPriority"
-    WAITING_FOR_PROTECTED_PODS: Final = "WaitingForProtectedPods"
-    DRAINING: Final = "Draining"
-    DRAIN_BLOCKED: Final = "DrainBlocked"
-    DRAIN_TIMEOUT: Final = "DrainTimeout"
-    STAGE_RUNNING: Final = "StageRunning"
-    STAGE_FAILED: Final = "StageFailed"
-    STAGE_TIMEOUT: Final = "StageTimeout"
-    IMAGE_PULL_FAILED: Final = "ImagePullFailed"
-    REBOOTING: Final = "Rebooting"
-    TAINT_NOT_TOLERATED: Final = "TaintNotTolerated"
-    IGNORED: Final = "Ignored"
-    POLICY_NOT_FOUND: Final = "DeploymentPolicyNotFound"
-    UNINSTALLING: Final = "Uninstalling"
-
-
 # ---- decode / encode ----------------------------------------------------------------------
 
 Resource = TypeVar("Resource", NodeWright, DeploymentPolicy)

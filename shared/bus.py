@@ -11,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import nats
 from nats.aio.client import Client as NATS
@@ -35,6 +38,21 @@ class Bus:
         return bool(self.nc.is_connected)
 
 
+def credentials(settings: NatsSettings) -> dict[str, Any]:
+    """The user, password and TLS context ``nats.connect`` takes, from the settings."""
+    options: dict[str, Any] = {}
+    if settings.user:
+        options["user"] = settings.user
+        if settings.password_file:
+            options["password"] = Path(settings.password_file).read_text().strip()
+    if settings.tls_ca_file:
+        context = ssl.create_default_context(cafile=settings.tls_ca_file)
+        if settings.tls_cert_file:
+            context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file or None)
+        options["tls"] = context
+    return options
+
+
 async def _connect_once(settings: NatsSettings, name: str) -> NATS:
     async def on_error(exc: Exception) -> None:
         _log.warning("NATS connection error", extra={"error": str(exc)})
@@ -45,9 +63,10 @@ async def _connect_once(settings: NatsSettings, name: str) -> NATS:
     async def on_reconnected() -> None:
         _log.info("Reconnected to NATS")
 
-    return await nats.connect(
+    nc = await nats.connect(
         servers=settings.url.split(","),
         name=name,
+        **credentials(settings),
         connect_timeout=settings.connect_timeout_s,
         allow_reconnect=True,
         max_reconnect_attempts=-1,
@@ -55,6 +74,28 @@ async def _connect_once(settings: NatsSettings, name: str) -> NATS:
         error_cb=on_error,
         disconnected_cb=on_disconnected,
         reconnected_cb=on_reconnected,
+    )
+    return await checked(nc)
+
+
+class HandshakeIncomplete(ConnectionError):
+    """nats.connect returned a client that is not connected (see :func:`checked`)."""
+
+
+async def checked(nc: NATS) -> NATS:
+    """``nc`` as ``nats.connect`` returned it, if it is connected; else closed, and
+    :class:`HandshakeIncomplete` raised (connect again).
+
+    nats-py (2.16) takes the first line after its handshake PING for the PONG. When the
+    server sends another line first (an asynchronous INFO: seen when a slow password check
+    held the CONNECT for 2.6 s during a helm upgrade), connect() returns a client that is
+    still "connecting" and never writes: every request would time out, forever."""
+    if nc.is_connected:
+        return nc
+    with contextlib.suppress(Exception):
+        await nc.close()
+    raise HandshakeIncomplete(
+        "the NATS server answered the handshake with another message first; connect again"
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -42,6 +42,16 @@ class NatsSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=True
     """Nats-Msg-Id dedupe window; the server default, longer than any publish retry loop."""
     connect_timeout_s: Seconds = 5.0
     """Per-attempt connect timeout; connection attempts repeat until shutdown."""
+    user: str = ""
+    """NATS user name (shared.grants: ``nodewright-<service>``); empty: no authentication."""
+    password_file: str = ""
+    """File holding the user's password (a mounted Secret key), read at each connect so a
+    rotated Secret is picked up; never logged."""
+    tls_ca_file: str = ""
+    """CA bundle to verify the NATS servers with; set, the connection uses TLS."""
+    tls_cert_file: str = ""
+    """Client certificate for mutual TLS (with tls_key_file)."""
+    tls_key_file: str = ""
 
 
 class KubeSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -58,6 +68,9 @@ class HealthSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     """Port for the probe and metrics server; 0 picks a free port (tests)."""
 
 
+PackageStaging = Literal["image-volume", "copy"]
+
+
 class PodSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """How services that run NodeWright pods on nodes (executor, validator) build them."""
 
@@ -66,6 +79,15 @@ class PodSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=True)
     image_pull_grace_s: Seconds = 120.0
     """How long a pod may fail to pull its image before its stage fails (ImagePullFailed):
     long enough to ride out a registry blip, short enough not to look stuck."""
+    host_root: Annotated[str, msgspec.Meta(pattern="^/")] = "/"
+    """The node's path that package pods mount as the host's root, into which the agent
+    chroots to change the host. ``/`` on a real node; a test rig points it at a throwaway
+    tree so that packages never change the machine running the rig."""
+    package_staging: PackageStaging = "image-volume"
+    """How a package image's files reach the agent: ``image-volume`` mounts the image
+    (Kubernetes image volumes; containerd >= 2.1, CRI-O >= 1.31); ``copy`` copies them into
+    the pod with two init containers, for runtimes without image volumes (containerd 1.7).
+    Neither needs a shell in the package image."""
     simulate: bool = False
     """Simulated nodes (kwok): pods carry kwok stage annotations derived from the node's
     sim.nodewright.nvidia.com/* annotations instead of running anything."""
@@ -106,12 +128,32 @@ def _env_names(cls: type[msgspec.Struct]) -> dict[str, tuple[str, ...]]:
     return names
 
 
+_SERVICE_LINK = re.compile(
+    r"_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT(_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)?)"
+)
+"""The variables kubelet sets in every pod for each Service of its namespace (service
+links): a Service named ``nodewright-validator`` gives ``NODEWRIGHT_VALIDATOR_SERVICE_HOST``,
+``NODEWRIGHT_VALIDATOR_PORT_443_TCP_ADDR`` and so on, which are not settings."""
+
+
+def _service_link(key: str, environ: Mapping[str, str]) -> bool:
+    """Whether ``key`` is one of a Service's link variables: its name ends like one, and the
+    Service's ``<NAME>_SERVICE_HOST`` is set too (a misspelt setting is still refused)."""
+    match = _SERVICE_LINK.search(key)
+    while match is not None:
+        service = key[: match.start()]
+        if match.end() == len(key) and f"{service}_SERVICE_HOST" in environ:
+            return True
+        match = _SERVICE_LINK.search(key, match.start() + 1)
+    return False
+
+
 def load(cls: type[T], environ: Mapping[str, str]) -> T:
     """Decode ``cls`` from ``environ``; raise :class:`ConfigError` naming the bad variable."""
     names = _env_names(cls)
     data: dict[str, Any] = {}
     for key, value in environ.items():
-        if not key.startswith(PREFIX):
+        if not key.startswith(PREFIX) or (key not in names and _service_link(key, environ)):
             continue
         path = names.get(key)
         if path is None:

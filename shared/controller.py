@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -65,7 +66,7 @@ class Controller(Generic[K]):
         field_selector: str = "",
         name: str = "",
         also: OnChange | None = None,
-        transform: Transform = strip_managed_fields,
+        transform: Transform | None = strip_managed_fields,
     ) -> Informer:
         """Keep a cache of ``path`` and enqueue the keys each change maps to."""
 
@@ -137,10 +138,13 @@ class Controller(Generic[K]):
 
     async def _resync(self) -> None:
         await self.synced()
+        interval = self.ctx.settings.resync_interval_s
         while True:
             for key in self.all_keys():
                 self.queue.add(key)
-            await asyncio.sleep(self.ctx.settings.resync_interval_s)
+            # Jittered: replicas started together (a rollout of the Deployment) must not
+            # resync in lockstep.
+            await asyncio.sleep(interval * random.uniform(0.9, 1.1))
 
 
 class PodIndex:

@@ -1,12 +1,24 @@
 """List+watch caches of Kubernetes objects, the way client-go's informers keep them.
 
-An :class:`Informer` lists a collection, then watches from the list's resourceVersion,
-keeping an in-memory store and calling ``on_change(old, new)`` for every add, update and
-delete (``old``/``new`` is None for add/delete). A 410 Gone or any watch failure re-lists
-(with backoff), diffing the new list against the store so no change is lost; a periodic
-full re-list (``resync_s``) also replays every object to ``on_change`` so a missed decision
-is retried. A ``transform`` can strip fields before storing (managedFields, large status
-parts) to keep memory flat at thousands of nodes. Bookmarks keep the resourceVersion fresh.
+An :class:`Informer` lists a collection in pages, then watches from the list's
+resourceVersion, keeping an in-memory store and calling ``on_change(old, new)`` for every
+add, update and delete (``old``/``new`` is None for add/delete). Faults, as client-go's
+reflector handles them:
+
+- a watch that ends (its server-side timeout) or breaks (a cut connection, a restarted or
+  absent API server) is opened again *from the last resourceVersion seen* (an event or a
+  bookmark): nothing is listed again, so a slow API server never stalls the cache behind a
+  full LIST, and no change is lost (the API server replays what happened meanwhile);
+- only 410 Gone (that resourceVersion was compacted away) lists again, diffing the new list
+  against the store so no change is lost;
+- retries back off exponentially with jitter, up to :data:`MAX_BACKOFF_S`, so work resumes
+  within seconds once the API server is back, and replicas do not retry in lockstep;
+- the periodic resync (``resync_s``, jittered) replays the *cache* to ``on_change`` so a
+  missed decision is retried; it makes no API call.
+
+An optional ``transform`` is applied to every object before it is cached (by the list, the
+watch and :meth:`Informer.observe`), so a service keeps only the fields it reads; the default
+drops managedFields. The outage itself is logged by ``shared.kube.Outage``, once.
 
 What to do about a change is the caller's business; ``on_change`` must not block.
 """
@@ -16,10 +28,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from shared.kube import JSON, ApiError, Kube
 
@@ -28,7 +41,11 @@ _log = logging.getLogger("nodewright.informer")
 OnChange = Callable[[JSON | None, JSON | None], None]
 Transform = Callable[[JSON], JSON]
 
-_MAX_BACKOFF_S = 30.0
+MAX_BACKOFF_S: Final = 5.0
+"""The longest wait between two attempts to list or watch: short, so work resumes within
+seconds of the API server's return (the requests in between fail fast or time out)."""
+PAGE_SIZE: Final = 500
+"""Items per LIST page (client-go's reflector uses 500)."""
 # Server-side watch duration; the stream is re-opened from the last resourceVersion after it.
 _WATCH_TIMEOUT_S = 240
 
@@ -56,20 +73,29 @@ class Informer:
     label_selector: str = ""
     field_selector: str = ""
     resync_s: float = 300.0
-    transform: Transform = strip_managed_fields
+    """Replay the cache to ``on_change`` about this often (jittered by up to +20 %)."""
+    transform: Transform | None = strip_managed_fields
+    """Applied to every object before it is cached (None: kept as the API server sent it)."""
     name: str = ""
+    page_size: int = PAGE_SIZE
     store: dict[str, JSON] = field(default_factory=dict)
     synced: asyncio.Event = field(default_factory=asyncio.Event)
+    rng: random.Random = field(default_factory=random.Random)
+    lists: int = 0
+    """How many full LISTs this informer made (the first, and one per 410 Gone)."""
     _rv: str = ""
 
     def get(self, key: str) -> JSON | None:
         return self.store.get(key)
 
+    def _shape(self, obj: JSON) -> JSON:
+        return self.transform(obj) if self.transform is not None else obj
+
     def observe(self, obj: JSON) -> None:
         """Write-through: store an object this process just wrote, unless the cache already
         holds a newer version. Without it, a decision right after a write would read the
         pre-write object until the watch catches up (e.g. count a budget slot as free)."""
-        obj = self.transform(obj)
+        obj = self._shape(obj)
         key = key_of(obj)
         old = self.store.get(key)
         if old is not None and _newer_or_same(old, obj):
@@ -79,6 +105,12 @@ class Informer:
     def values(self) -> list[JSON]:
         return list(self.store.values())
 
+    @property
+    def progress(self) -> str:
+        """The resourceVersion up to which the cache has every change (the last list, watch
+        event or bookmark); objects written through by :meth:`observe` may be newer."""
+        return self._rv
+
     def _query(self) -> dict[str, str | int | bool]:
         q: dict[str, str | int | bool] = {}
         if self.label_selector:
@@ -87,53 +119,82 @@ class Informer:
             q["fieldSelector"] = self.field_selector
         return q
 
+    def _next_resync(self) -> float:
+        return time.monotonic() + self.resync_s * self.rng.uniform(1.0, 1.2)
+
     async def run(self) -> None:
         """List and watch until cancelled."""
-        backoff = 0.5
+        failures = 0
+        resync_at = self._next_resync()
         while True:
             try:
-                await self._list(replay_all=False)
-                backoff = 0.5
-                deadline = time.monotonic() + self.resync_s
-                while time.monotonic() < deadline:
-                    await self._watch(timeout_s=int(min(_WATCH_TIMEOUT_S, self.resync_s)))
-                # Periodic resync: re-list and hand every object to the handler again.
-                await self._list(replay_all=True)
+                if not self._rv:
+                    await self._list()
+                    failures = 0
+                left = resync_at - time.monotonic()
+                if left <= 0:
+                    self._replay()
+                    resync_at = self._next_resync()
+                    continue
+                opened = time.monotonic()
+                await self._watch(timeout_s=max(1, int(min(_WATCH_TIMEOUT_S, left))))
+                if time.monotonic() - opened >= 1.0:
+                    failures = 0
+                else:
+                    # Closed at once (an API server shutting down): do not spin on it.
+                    failures += 1
+                    await asyncio.sleep(self._backoff(failures))
             except asyncio.CancelledError:
                 raise
             except ApiError as exc:
-                if not exc.gone:
+                if exc.gone:
+                    self._rv = ""  # compacted away: only a new list can say what changed
+                    continue
+                failures += 1
+                if not exc.transient:
                     _log.warning(
                         "Failed to list or watch",
                         extra={"informer": self.name or self.path, "error": str(exc)},
                     )
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                await asyncio.sleep(self._backoff(failures))
             except Exception as exc:
+                failures += 1
                 _log.warning(
                     "Failed to list or watch",
                     extra={"informer": self.name or self.path, "error": repr(exc)},
                 )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                await asyncio.sleep(self._backoff(failures))
 
-    async def _list(self, *, replay_all: bool) -> None:
-        listed = await self.kube.get(self.path, **self._query())
-        fresh = {}
-        for item in listed.get("items") or []:
-            obj = self.transform(item)
-            fresh[key_of(obj)] = obj
+    def _backoff(self, failures: int) -> float:
+        ceiling = min(0.2 * 2.0 ** (failures - 1), MAX_BACKOFF_S)
+        return ceiling * self.rng.uniform(0.5, 1.0)
+
+    async def _list(self) -> None:
+        fresh: dict[str, JSON] = {}
+        rv = ""
+        async for page in self.kube.list_pages(self.path, self._query(), limit=self.page_size):
+            if not rv:
+                rv = str((page.get("metadata") or {}).get("resourceVersion") or "")
+            for item in page.get("items") or []:
+                obj = self._shape(item)
+                fresh[key_of(obj)] = obj
+        self.lists += 1
         old_store = self.store
         self.store = fresh
-        self._rv = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+        self._rv = rv
         for key, obj in fresh.items():
             old = old_store.get(key)
-            if replay_all or old is None or _rv_of(old) != _rv_of(obj):
+            if old is None or _rv_of(old) != _rv_of(obj):
                 self._emit(old, obj)
         for key, old in old_store.items():
             if key not in fresh:
                 self._emit(old, None)
         self.synced.set()
+
+    def _replay(self) -> None:
+        """The periodic resync: every cached object to the handler again (no API call)."""
+        for obj in list(self.store.values()):
+            self._emit(obj, obj)
 
     async def _watch(self, *, timeout_s: int) -> None:
         async for event in self.kube.watch(
@@ -144,7 +205,7 @@ class Informer:
             if kind == "BOOKMARK":
                 self._rv = _rv_of(raw) or self._rv
                 continue
-            obj = self.transform(raw)
+            obj = self._shape(raw)
             key = key_of(obj)
             self._rv = _rv_of(obj) or self._rv
             if kind == "DELETED":

@@ -5,18 +5,26 @@ per API object leaks connections) provides configuration, credentials and connec
 pooling. On top of it :class:`Kube` speaks plain JSON dictionaries to REST paths: no model
 classes, so custom resources, patches of every content type and watches all look the same,
 and nothing is deserialised twice. HTTP failures become :class:`ApiError` with the status
-code. List+watch caching and higher-level operations live with their callers.
+code; a request that got no answer (connection refused or reset, a timeout) becomes an
+:class:`ApiError` with status 0, so callers handle one error type. :attr:`ApiError.transient`
+tells an expected fault of a slow or absent API server (no answer, 429, 5xx) from a refusal:
+it is retried, and logged without a traceback. :class:`Outage` logs one warning when the API
+server stops answering and one when it answers again, with how long it was gone.
+List+watch caching and higher-level operations live with their callers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import quote
 
+import aiohttp
 from kubernetes_asyncio import client, config
 from prometheus_client import CollectorRegistry, Counter
 
@@ -34,6 +42,11 @@ _PATCH_TYPES: dict[PatchKind, str] = {
 
 # Error bodies can be large (a whole rejected object); logs and messages keep this much.
 _MAX_ERROR_TEXT = 1024
+
+_log = logging.getLogger("nodewright.kube")
+
+# Statuses of an overloaded, restarting or unreachable API server: worth retrying as they are.
+_TRANSIENT = frozenset({0, 429, 500, 502, 503, 504})
 
 
 class ApiError(Exception):
@@ -57,6 +70,39 @@ class ApiError(Exception):
     @property
     def gone(self) -> bool:
         return self.status == 410
+
+    @property
+    def transient(self) -> bool:
+        """An expected fault of a slow or absent API server (no answer, 429, 5xx): the
+        request may succeed as it is later; nothing about it needs a traceback."""
+        return self.status in _TRANSIENT
+
+
+@dataclass
+class Outage:
+    """Whether the API server answers, as this process's requests find it: one warning
+    when it stops (the first request without an answer), one when it answers again (with
+    the outage's duration), nothing per failed request in between."""
+
+    clock: Callable[[], float] = time.monotonic
+    since: float | None = None
+    """When the current outage started (None: the API server answers)."""
+    outages: int = 0
+
+    def failed(self, error: str) -> None:
+        if self.since is None:
+            self.since = self.clock()
+            self.outages += 1
+            _log.warning("Lost the Kubernetes API server", extra={"error": error})
+
+    def answered(self) -> None:
+        if self.since is not None:
+            duration = self.clock() - self.since
+            self.since = None
+            _log.warning(
+                "Reached the Kubernetes API server again",
+                extra={"outage_s": round(duration, 1)},
+            )
 
 
 def path_of(
@@ -122,6 +168,7 @@ def request_counter(registry: CollectorRegistry) -> RequestObserver:
 class Kube:
     api: client.ApiClient
     observe: RequestObserver | None = None
+    outage: Outage = field(default_factory=Outage, compare=False)
 
     async def ready(self) -> bool:
         """True when the API server answers /readyz."""
@@ -144,17 +191,25 @@ class Kube:
         ]
         code = "error"  # no answer: a timeout or a connection failure
         try:
-            resp = await self.api.call_api(
-                path,
-                method,
-                query_params=params,
-                header_params={"Accept": accept, "Content-Type": content_type},
-                body=body,
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=timeout_s,
-            )
+            try:
+                resp = await self.api.call_api(
+                    path,
+                    method,
+                    query_params=params,
+                    header_params={"Accept": accept, "Content-Type": content_type},
+                    body=body,
+                    auth_settings=["BearerToken"],
+                    _preload_content=False,
+                    _request_timeout=timeout_s,
+                )
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                self.outage.failed(repr(exc))
+                raise ApiError(0, "NoAnswer", f"{method} {path}: {exc!r}") from exc
             code = str(resp.status)
+            if resp.status in (502, 503, 504):
+                self.outage.failed(f"HTTP {resp.status}")
+            else:
+                self.outage.answered()
             return resp
         finally:
             if self.observe is not None:
@@ -178,6 +233,9 @@ class Kube:
         )
         try:
             text = await resp.text()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            self.outage.failed(repr(exc))
+            raise ApiError(0, "NoAnswer", f"{method} {path}: {exc!r}") from exc
         finally:
             resp.release()
         if not 200 <= resp.status <= 299:
@@ -189,6 +247,28 @@ class Kube:
 
     async def get(self, path: str, **query: str | int | bool) -> JSON:
         return await self.request("GET", path, query=query)
+
+    async def list_pages(
+        self,
+        path: str,
+        query: Mapping[str, str | int | bool] | None = None,
+        *,
+        limit: int = 500,
+        timeout_s: float = 60.0,
+    ) -> AsyncIterator[JSON]:
+        """LIST ``path`` in pages of ``limit`` items (one consistent snapshot: the first
+        page's resourceVersion is the list's). A continue token that expired meanwhile
+        raises ApiError 410: start over."""
+        token = ""
+        while True:
+            page_query: dict[str, str | int | bool] = {**(query or {}), "limit": limit}
+            if token:
+                page_query["continue"] = token
+            page = await self.request("GET", path, query=page_query, timeout_s=timeout_s)
+            yield page
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return
 
     async def get_text(
         self,
@@ -209,6 +289,29 @@ class Kube:
             raise _error(resp.status, resp.reason or "", text)
         return text
 
+    async def stream_text(
+        self,
+        path: str,
+        query: Mapping[str, str | int | bool] | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[str]:
+        """GET a plain-text answer that keeps coming (a followed pod log): yield it line by
+        line as the server sends it, until it ends. An error status raises :class:`ApiError`."""
+        resp = await self._send(
+            "GET", path, query=query, timeout_s=timeout_s, accept="text/plain, application/json"
+        )
+        try:
+            if not 200 <= resp.status <= 299:
+                raise _error(resp.status, resp.reason or "", await resp.text(errors="replace"))
+            while True:
+                line = await resp.content.readline()
+                if not line:
+                    return
+                yield line.decode(errors="replace")
+        finally:
+            resp.release()
+
     async def create(self, path: str, body: JSON, **query: str | int | bool) -> JSON:
         return await self.request("POST", path, body=body, query=query)
 
@@ -223,18 +326,26 @@ class Kube:
         kind: PatchKind = "merge",
         field_manager: str | None = None,
         force: bool = False,
+        dry_run: bool = False,
     ) -> JSON:
+        """``dry_run``: the API server validates and admits the patch and stores nothing
+        (``dryRun=All``); the answer is the object as it would be."""
         query: dict[str, str | int | bool] = {}
         if field_manager:
             query["fieldManager"] = field_manager
         if force:
             query["force"] = True
+        if dry_run:
+            query["dryRun"] = "All"
         return await self.request(
             "PATCH", path, body=body, content_type=_PATCH_TYPES[kind], query=query
         )
 
-    async def delete(self, path: str, body: JSON | None = None) -> JSON:
-        return await self.request("DELETE", path, body=body)
+    async def delete(self, path: str, body: JSON | None = None, *, dry_run: bool = False) -> JSON:
+        """``dry_run``: the API server checks the deletion and deletes nothing."""
+        return await self.request(
+            "DELETE", path, body=body, query={"dryRun": "All"} if dry_run else None
+        )
 
     async def create_if_absent(self, path: str, body: JSON) -> JSON | None:
         """Create; None when an object of that name exists already (deterministic names)."""
@@ -245,10 +356,10 @@ class Kube:
                 return None
             raise
 
-    async def delete_if_present(self, path: str) -> bool:
+    async def delete_if_present(self, path: str, *, dry_run: bool = False) -> bool:
         """Delete; False when it was gone already."""
         try:
-            await self.delete(path)
+            await self.delete(path, dry_run=dry_run)
         except ApiError as exc:
             if exc.not_found:
                 return False
@@ -277,7 +388,12 @@ class Kube:
             if not 200 <= resp.status <= 299:
                 raise _error(resp.status, resp.reason or "", await resp.text())
             while True:
-                line = await resp.content.readline()
+                try:
+                    line = await resp.content.readline()
+                except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                    # The stream broke (a restarted API server, a cut connection): the
+                    # caller resumes from the last resourceVersion it saw.
+                    raise ApiError(0, "WatchBroken", f"watch {path}: {exc!r}") from exc
                 if not line:
                     return
                 if not line.strip():

@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shared import api, pods
+from shared import api, config as shared_config, pods
+from shared.config import PackageStaging
 from shared.nodestate import DOMAIN
 from shared.progress import Desired
 
@@ -67,6 +68,12 @@ class PodRequest:
     name: str = ""
     node_order: int | None = None
     """The node's position in the rollout (``Selection.order``); None: unknown, not passed."""
+    cycle: str = ""
+    """The cycle the pod belongs to (``shared.pods.ANN_CYCLE``); part of its name."""
+
+    @property
+    def key(self) -> pods.PodKey:
+        return (self.package, self.stage, self.version, self.attempt, self.cycle)
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,70 @@ class PodSettings:
     agent_image: str
     simulate: bool = False
     sim_stage_duration: str = "1s"
+    host_root: str = "/"
+    """The node path mounted at ``/host`` (shared.config.PodSettings.host_root)."""
+    package_staging: PackageStaging = "image-volume"
+    """``image-volume`` or ``copy`` (shared.config.PodSettings.package_staging)."""
+
+    @classmethod
+    def of(cls, *, namespace: str, config: shared_config.PodSettings) -> PodSettings:
+        """The pod settings of a service's ``pods`` configuration group."""
+        return cls(
+            namespace=namespace,
+            agent_image=config.agent_image,
+            simulate=config.simulate,
+            sim_stage_duration=config.sim_stage_duration,
+            host_root=config.host_root,
+            package_staging=config.package_staging,
+        )
+
+
+AGENT_BUSYBOX = "/opt/nodewright/bin/busybox"
+"""The static busybox in the agent image (agent/Containerfile), used only by ``copy``."""
+_TOOLS_MOUNT = "/nodewright-tools"
+_STAGING_MOUNT = "/nodewright-staging"
+# Run by the package image's own container with the agent's static busybox: the package
+# image needs no shell. It copies what the agent reads (config.json, steps/, root/) and a
+# nested nodewright-package/ (the 0.1 layout), so the agent's error can name that mistake.
+_COPY_SCRIPT = (
+    "set -e; bb=" + _TOOLS_MOUNT + "/busybox; n=0; "
+    "for f in config.json steps root nodewright-package; do "
+    'if [ -e "/$f" ]; then "$bb" cp -a "/$f" ' + _STAGING_MOUNT + "/; n=$((n+1)); fi; done; "
+    '[ "$n" -gt 0 ] || { echo "the package image has no config.json, steps/ or root/ '
+    'at its root" >&2; exit 3; }'
+)
+
+
+def _copy_staging(
+    package_image: str, agent_image: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Init containers and volumes that copy the package image's files into an emptyDir
+    mounted at the package directory (``packageStaging: copy``)."""
+    volumes: list[dict[str, Any]] = [
+        {"name": "nodewright-tools", "emptyDir": {}},
+        {"name": "package", "emptyDir": {}},
+    ]
+    init: list[dict[str, Any]] = [
+        {
+            "name": "stage-tools",
+            "image": agent_image,
+            "imagePullPolicy": "IfNotPresent",
+            "command": [AGENT_BUSYBOX, "cp", AGENT_BUSYBOX, f"{_TOOLS_MOUNT}/busybox"],
+            "volumeMounts": [{"name": "nodewright-tools", "mountPath": _TOOLS_MOUNT}],
+        },
+        {
+            "name": "stage-package",
+            "image": package_image,
+            "imagePullPolicy": "IfNotPresent",
+            "command": [f"{_TOOLS_MOUNT}/busybox", "sh", "-c", _COPY_SCRIPT],
+            "volumeMounts": [
+                {"name": "nodewright-tools", "mountPath": _TOOLS_MOUNT, "readOnly": True},
+                {"name": "package", "mountPath": _STAGING_MOUNT},
+            ],
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+        },
+    ]
+    return init, volumes
 
 
 def config_map_name(cr: str, package: str, digest: str) -> str:
@@ -192,6 +263,8 @@ def manifest(
         pods.ANN_VERSION: req.version,
         pods.ANN_ATTEMPT: str(req.attempt),
     }
+    if req.cycle:
+        annotations[pods.ANN_CYCLE] = req.cycle
     if settings.simulate:
         annotations.update(
             simulation_annotations(
@@ -202,11 +275,18 @@ def manifest(
                 image=package_image or settings.agent_image,
             )
         )
-    volumes: list[dict[str, Any]] = [{"name": "host", "hostPath": {"path": "/"}}]
+    volumes: list[dict[str, Any]] = [
+        {"name": "host", "hostPath": {"path": settings.host_root, "type": "Directory"}}
+    ]
     mounts: list[dict[str, Any]] = [
         {"name": "host", "mountPath": "/host", "mountPropagation": "HostToContainer"},
     ]
-    if package_image:
+    init_containers: list[dict[str, Any]] = []
+    if package_image and settings.package_staging == "copy":
+        init_containers, staging = _copy_staging(package_image, settings.agent_image)
+        volumes += staging
+        mounts.append({"name": "package", "mountPath": _PACKAGE_MOUNT, "readOnly": True})
+    elif package_image:
         volumes.append(
             {"name": "package", "image": {"reference": package_image, "pullPolicy": "IfNotPresent"}}
         )
@@ -243,6 +323,8 @@ def manifest(
         ],
         "volumes": volumes,
     }
+    if init_containers:
+        spec["initContainers"] = init_containers
     resources = None
     if req.desired is not None and req.desired.spec.resources is not None:
         resources = api.to_dict(req.desired.spec.resources)

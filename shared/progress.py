@@ -1,18 +1,13 @@
 """What a NodeWright wants on a node, and how far the node has got: pure functions.
 
 Every service needs the same answers — which packages a CR wants at which version and
-configuration, whether a node is done, whose turn it is — and they must agree, so the
-answers live here, computed only from the CR and the Node object (its labels, status and
-the per-service records of ``shared.nodestate``). No I/O, no clock: callers pass ``now``.
+configuration, whether a node is done, whose turn it is, when its work is over and its
+records are released — and they must agree, so the answers live here, computed only from the
+CR and the Node object (its labels, status and the per-service records of
+``shared.nodestate``). No I/O, no clock: callers pass ``now``.
 
-The rollout rules the scheduler decides by and the status service explains by live here too,
-so they cannot drift apart: budgets in nodes (:func:`budget_nodes`), which nodes hold a
-budget slot (:func:`busy`), compartment assignment with deterministic overlap resolution
-(:func:`compartment_rules`, :func:`assign_compartments`), maintenance windows
-(:func:`in_window`), priority and sequencing across NodeWrights (:func:`priority_waits`),
-the node-level admission eligibility in its fixed order (:func:`ineligible`) and the
-scheduler's persisted batch book (:class:`BatchBook`). Batch growth and gates are the
-scheduler planner's (``services.scheduler.planner``).
+Not this module's job: the rollout rules (budgets, compartments, batches, windows,
+priority), which are the rollout kernel's (``shared.rollout``).
 """
 
 from __future__ import annotations
@@ -21,21 +16,16 @@ import fnmatch
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, time, timedelta
-from typing import Any, Final, Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from typing import Any, Literal
 
 import msgspec
 
 from shared import api, nodestate
-from shared.events import Reason
-from shared.nodestate import (
-    DrainRecord,
-    ExecutorRecord,
-    PackageRecord,
-    Selection,
-    ValidatorRecord,
-)
+from shared.nodestate import Requests
+from shared.records.drainer import DrainRecord
+from shared.records.executor import ExecutorRecord, PackageRecord
+from shared.records.scheduler import Selection
+from shared.records.validator import CheckRecord, ValidatorRecord
 
 INTERRUPT_PRIORITY: Mapping[str, int] = {
     "reboot": 0,
@@ -61,6 +51,10 @@ class Desired:
     depends_on: tuple[str, ...]
     uninstall_requested: bool
     spec: api.Package
+    spec_digest: str = ""
+    """Identifies everything of the package's spec a stage pod runs with (image, digest,
+    configuration, environment, resources, timeouts ...): a stage that failed with another
+    spec starts over by itself (``PackageRecord.spec``)."""
 
 
 def _digest(*parts: object) -> str:
@@ -137,8 +131,18 @@ def _desired(cr: api.NodeWright) -> dict[str, Desired]:
             depends_on=tuple(sorted(pkg.depends_on)),
             uninstall_requested=gone or bool(pkg.uninstall and pkg.uninstall.requested),
             spec=pkg,
+            spec_digest=spec_digest(pkg),
         )
     return out
+
+
+def spec_digest(pkg: api.Package) -> str:
+    """Identifies a package's spec except what a new version or an uninstall request
+    changes anyway (those start their own cycles)."""
+    fields = msgspec.to_builtins(pkg)
+    for name in ("version", "uninstall"):
+        fields.pop(name, None)
+    return _digest(fields)
 
 
 def target_digest(cr: api.NodeWright) -> str:
@@ -180,6 +184,14 @@ class NodeFacts:
     validator: ValidatorRecord = field(default_factory=ValidatorRecord)
     malformed: tuple[str, ...] = ()
     """Annotation keys whose record does not decode (hand-edited or foreign)."""
+    marks: Mapping[str, int] = field(default_factory=dict)
+    """Per key of :attr:`malformed`, the recovery mark (``honoured``) still readable from the
+    broken record (0 when nothing is): a reset newer than it makes the owner drop the record
+    (``shared.recovery.reset_malformed``)."""
+    resource_version: str = ""
+    """The node's resourceVersion these facts were read from."""
+    requests: Requests = field(default_factory=Requests)
+    """The recovery requests for this CR on the node (``nodestate.read_requests``)."""
 
     @property
     def ignored(self) -> bool:
@@ -195,12 +207,15 @@ def facts(node: Mapping[str, Any], cr: str) -> NodeFacts:
         for c in status.get("conditions") or []
     )
     malformed: list[str] = []
+    marks: dict[str, int] = {}
 
     def read(owner: str, record: type[nodestate.R]) -> nodestate.R | None:
         try:
             return nodestate.read(node, owner, cr, record)
         except (msgspec.ValidationError, msgspec.DecodeError):
-            malformed.append(nodestate.key(owner, cr))
+            key = nodestate.key(owner, cr)
+            malformed.append(key)
+            marks[key] = nodestate.readable_mark(nodestate.annotations_of(node).get(key, ""))
             return None
 
     selection = read(nodestate.SCHEDULER, Selection)
@@ -220,6 +235,9 @@ def facts(node: Mapping[str, Any], cr: str) -> NodeFacts:
         executor=executor,
         validator=validator,
         malformed=tuple(malformed),
+        marks=marks,
+        resource_version=str(meta.get("resourceVersion") or ""),
+        requests=nodestate.read_requests(node, cr),
     )
 
 
@@ -376,28 +394,59 @@ def drained(node: NodeFacts) -> bool:
     return node.drain is not None and node.drain.phase == "drained"
 
 
+Verdicts = Mapping[str, CheckRecord]
+"""The validator's check verdicts on a node (``ValidatorRecord.checks``), as other services
+read them."""
+
+
+def validation_blank(node: NodeFacts) -> bool:
+    """The validator's record on the node says nothing yet (no verdict, no validation),
+    whatever recovery mark or reboot it has followed."""
+    v = node.validator
+    return not v.checks and not v.validated and v.at is None and v.reason is None
+
+
 def failed(cr: api.NodeWright, node: NodeFacts) -> bool:
     """A drain, a stage, the interrupt or a check failed for what the CR wants now.
 
-    Failures recorded for package versions the CR no longer asks for do not count: changing
-    the spec is one way to fix a failure.
+    Failures recorded for package versions the CR no longer asks for, or for another spec of
+    the package (:func:`stale_failure`), do not count: changing the spec is one way to fix a
+    failure, and the executor starts such a package over by itself.
     """
     if node.drain is not None and node.drain.phase == "failed":
         return True
-    wanted = {(n, d.version) for n, d in desired(cr).items()}
+    want = desired(cr)
+    wanted = {(n, d.version) for n, d in want.items()}
     for name, rec in node.executor.packages.items():
-        if rec.state == "failed" and (name, rec.version) in wanted:
+        failure = rec.state == "failed" and (name, rec.version) in wanted
+        if failure and not stale_failure(want[name], rec):
             return True
+    current = node.executor.packages
     intr = node.executor.interrupt
-    if intr is not None and intr.state == "failed":
-        current = node.executor.packages
-        if any((p, current[p].version) in wanted for p in intr.packages if p in current):
-            return True
+    if (
+        intr is not None
+        and intr.state == "failed"
+        and any(
+            (p, current[p].version) in wanted and not stale_failure(want[p], current[p])
+            for p in intr.packages
+            if p in current
+        )
+    ):
+        return True
     for key, check in node.validator.checks.items():
         pkg, version, _ = key.split("/", 2)
         if check.verdict == "failed" and (pkg, version) in wanted:
-            return True
+            checked = current.get(pkg)
+            if checked is None or not stale_failure(want[pkg], checked):
+                return True
     return False
+
+
+def stale_failure(d: Desired, rec: PackageRecord) -> bool:
+    """The record's current attempt ran with another spec of the package than the CR has
+    now (a corrected image, say): whatever failed is about the old spec. Records without a
+    spec (written before it was recorded) are never stale."""
+    return bool(rec.spec) and rec.spec != d.spec_digest
 
 
 def turn(cr: api.NodeWright, node: NodeFacts) -> Turn:
@@ -427,313 +476,8 @@ def turn(cr: api.NodeWright, node: NodeFacts) -> Turn:
     return "release"
 
 
-def now_iso(now: datetime) -> str:
-    return now.isoformat()
-
-
-# ---- rollout rules shared by the scheduler and the status service -----------------------
-
-DEFAULT_COMPARTMENT: Final = "__default__"
-"""The compartment of nodes no policy compartment selects (and of every node without a
-policy). Policy compartment names are DNS labels, so it cannot clash with one."""
-
-BATCHES_ANNOTATION: Final = f"{nodestate.SCHEDULER}/batches"
-"""Annotation on the NodeWright holding the scheduler's :class:`BatchBook` (its only writer)."""
-
-RESET_ANNOTATION: Final = f"{api.GROUP}/reset-batch-state"
-"""Annotation on the NodeWright: any new value resets the batch state of every compartment
-(``nodewright reset-batches NAME`` sets it to the current time)."""
-
-# Reasons a target node is not admitted, besides the records' own.
-NODE_STATE_MALFORMED: Final = "NodeStateMalformed"
-NODE_IGNORED: Final = "NodeIgnored"
-TAINT_NOT_TOLERATED: Final = "TaintNotTolerated"
-NODE_NOT_READY: Final = "NodeNotReady"
-PAUSED: Final = "Paused"
-DISABLED: Final = "Disabled"
-BUDGET_EXHAUSTED: Final = "BudgetExhausted"
-CLUSTER_BUDGET_EXHAUSTED: Final = "ClusterBudgetExhausted"
-SHARED_BUDGET_EXHAUSTED: Final = "SharedBudgetExhausted"
-COMPARTMENT_STOPPED: Final = "CompartmentStopped"
-WAITING_FOR_BATCH: Final = api.NodeReason.WAITING_FOR_BATCH
-WAITING_FOR_WINDOW: Final = api.NodeReason.WAITING_FOR_WINDOW
-WAITING_FOR_PRIORITY: Final = api.NodeReason.WAITING_FOR_PRIORITY
-
-BLOCKING: Final = frozenset(
-    {NODE_STATE_MALFORMED, NODE_IGNORED, TAINT_NOT_TOLERATED, api.NodeReason.POLICY_NOT_FOUND}
-)
-"""Eligibility reasons that make a node Blocked (the others make it Waiting)."""
-
-
-def budget_nodes(budget: api.Budget | None, matched: int) -> int:
-    """A budget in nodes: a count as given; a percent of the ``matched`` nodes rounded DOWN
-    but at least 1; unset means one node at a time; 0 when nothing matched."""
-    if not matched:
-        return 0
-    if budget is None:
-        return 1
-    if budget.count is not None:
-        return budget.count
-    if budget.percent is not None:
-        return max(1, matched * budget.percent // 100)
-    return 1
-
-
-def busy(node: NodeFacts) -> bool:
-    """The node holds a budget slot: admitted (until released; a failed node keeps its
-    admission and its cordon, so it keeps its slot), NotReady, or cordoned by someone else."""
-    return (
-        node.selection is not None
-        or not node.ready
-        or (node.unschedulable and (node.drain is None or not node.drain.cordoned))
-    )
-
-
-def ineligible(cr: api.NodeWright, node: NodeFacts, *, policy_missing: bool) -> Reason | None:
-    """Why the node cannot be admitted whatever the batch, in this order: records that do not
-    decode, the ignore label, untolerated taints, a missing DeploymentPolicy (those block),
-    then disabled, paused and NotReady (those wait). None: eligible."""
-    if node.malformed:
-        text = "annotations do not decode: " + ", ".join(node.malformed)
-        return Reason(code=NODE_STATE_MALFORMED, message=text)
-    if node.ignored:
-        return Reason(code=NODE_IGNORED, message=f"node is labelled {nodestate.IGNORE_LABEL}=true")
-    taints = untolerated_taints(cr, node)
-    if taints:
-        text = "taints not tolerated by additionalTolerations: " + ", ".join(taints)
-        return Reason(code=TAINT_NOT_TOLERATED, message=text)
-    if policy_missing:
-        text = f"DeploymentPolicy {cr.spec.deployment_policy} does not exist"
-        return Reason(code=api.NodeReason.POLICY_NOT_FOUND, message=text)
-    if cr.disabled:
-        return Reason(code=DISABLED, message="the NodeWright is disabled")
-    if cr.paused:
-        return Reason(code=PAUSED, message="the NodeWright is paused")
-    if not node.ready:
-        return Reason(code=NODE_NOT_READY, message="node is not Ready")
-    return None
-
-
-# ---- compartments -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CompartmentRule:
-    """One compartment of a NodeWright: its name, selector (None: the default) and rollout."""
-
-    name: str
-    rollout: api.Rollout
-    selector: api.LabelSelector | None = None
-
-
-STRATEGY_RANK: Final[Mapping[str, int]] = {"fixed": 0, "linear": 1, "exponential": 2, "": 3}
-"""Safety order for overlapping compartments: fixed before linear before exponential before
-no strategy."""
-
-
-def strategy_kind(rollout: api.Rollout) -> str:
-    s = rollout.strategy
-    if s is None:
-        return ""
-    if s.fixed is not None:
-        return "fixed"
-    if s.linear is not None:
-        return "linear"
-    return "exponential" if s.exponential is not None else ""
-
-
-def compartment_rules(
-    cr: api.NodeWright, policy: api.DeploymentPolicy | None
-) -> list[CompartmentRule]:
-    """The policy's compartments and then the default; without a policy only the default,
-    with ``spec.interruptionBudget`` (unset: one node at a time) and no strategy."""
-    if policy is None:
-        budget = cr.spec.interruption_budget or api.Budget(count=1)
-        return [CompartmentRule(DEFAULT_COMPARTMENT, api.Rollout(budget=budget))]
-    rules = [CompartmentRule(c.name, c, c.selector) for c in policy.spec.compartments]
-    rules.append(CompartmentRule(DEFAULT_COMPARTMENT, policy.spec.default))
-    return rules
-
-
-def assign_compartments(
-    rules: Sequence[CompartmentRule], targets: Sequence[NodeFacts]
-) -> dict[str, str]:
-    """Target node -> compartment, from current labels. A node several compartments select
-    goes to the safest: strategy rank, then the smaller budget in nodes (over the target nodes
-    each selector matches), then the name. Deterministic: the result does not depend on the
-    order of ``rules`` or ``targets``."""
-    selective = [r for r in rules if r.selector is not None]
-    matches = {
-        r.name: {n.name for n in targets if selector_matches(r.selector, n.labels)}
-        for r in selective
-    }
-    key = {
-        r.name: (
-            STRATEGY_RANK[strategy_kind(r.rollout)],
-            budget_nodes(r.rollout.budget, max(1, len(matches[r.name]))),
-            r.name,
-        )
-        for r in selective
-    }
-    out: dict[str, str] = {}
-    for n in targets:
-        candidates = [r.name for r in selective if n.name in matches[r.name]]
-        out[n.name] = min(candidates, key=key.__getitem__) if candidates else DEFAULT_COMPARTMENT
-    return out
-
-
-def compartment_of(node: NodeFacts, assigned: Mapping[str, str], known: set[str]) -> str:
-    """Where a node counts: the compartment it was admitted into while admitted (if it still
-    exists), else the one its labels assign it to."""
-    sel = node.selection
-    if sel is not None and sel.compartment in known:
-        return sel.compartment
-    return assigned.get(node.name, DEFAULT_COMPARTMENT)
-
-
-# ---- maintenance windows ------------------------------------------------------------------
-
-_WEEKDAYS: Final = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
-
-
-def _clock(text: str) -> time:
-    hours, minutes = text.split(":")
-    return time(int(hours), int(minutes))
-
-
-def in_window(windows: Sequence[api.MaintenanceWindow], now: datetime) -> bool:
-    """Whether ``now`` is inside one of the windows (no windows: always). A window is
-    [start, end) in its time zone on the days it starts on; end before start runs into the
-    next day. An unknown time zone never matches (fails closed)."""
-    if not windows:
-        return True
-    for w in windows:
-        try:
-            zone = ZoneInfo(w.time_zone)
-        except (ZoneInfoNotFoundError, ValueError):
-            continue
-        local = now.astimezone(zone)
-        start, end, t = _clock(w.start), _clock(w.end), local.time().replace(tzinfo=None)
-        days = set(w.days) or set(_WEEKDAYS)
-        today = _WEEKDAYS[local.weekday()]
-        yesterday = _WEEKDAYS[(local - timedelta(days=1)).weekday()]
-        if start < end:
-            if today in days and start <= t < end:
-                return True
-        elif (today in days and t >= start) or (yesterday in days and t < end):
-            return True
-    return False
-
-
-# ---- priority and sequencing across NodeWrights ------------------------------------------
-
-
-def _order_key(cr: api.NodeWright) -> tuple[int, str]:
-    return (cr.spec.priority, cr.metadata.name)
-
-
-def priority_waits(
-    cr: api.NodeWright,
-    crs: Sequence[api.NodeWright],
-    nodes: Sequence[Mapping[str, Any]],
-) -> dict[str, str]:
-    """Target node of ``cr`` -> the NodeWright it waits for, by priority and sequencing.
-
-    A NodeWright ahead of ``cr`` (lower priority number, ties by name; not disabled, not
-    being deleted) with sequencing ``node`` holds back ``cr`` on each of its own target nodes
-    until it is done there; with ``all`` it holds back ``cr`` on every node until it is done
-    on all its target nodes. A paused NodeWright still holds others back (it is not done).
-    """
-    mine = [n for n in nodes if selector_matches(cr.spec.node_selectors, _labels(n))]
-    if not mine:
-        return {}
-    ahead = sorted(
-        (
-            o
-            for o in crs
-            if _order_key(o) < _order_key(cr)
-            and not o.disabled
-            and o.metadata.deletion_timestamp is None
-        ),
-        key=_order_key,
-    )
-    out: dict[str, str] = {}
-    for other in ahead:
-        name = other.metadata.name
-        theirs = [n for n in nodes if selector_matches(other.spec.node_selectors, _labels(n))]
-        pending = {
-            str(n["metadata"]["name"]) for n in theirs if turn(other, facts(n, name)) != "done"
-        }
-        if not pending:
-            continue
-        for n in mine:
-            node_name = str(n["metadata"]["name"])
-            if node_name in out:
-                continue
-            if other.spec.sequencing == "all" or node_name in pending:
-                out[node_name] = name
-    return out
-
-
-def _labels(node: Mapping[str, Any]) -> Mapping[str, str]:
-    return (node.get("metadata") or {}).get("labels") or {}
-
-
-# ---- the scheduler's batch book ----------------------------------------------------------
-
-
-class CompartmentBatch(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One compartment's batch state and the nodes of its current batch."""
-
-    state: api.BatchState = msgspec.field(default_factory=api.BatchState)
-    nodes: tuple[str, ...] = ()
-    """Nodes of the batch in flight; empty between batches."""
-    planned: int = 0
-    """Nominal size of the batch in flight, or of the next one once a batch finished (0: the
-    first batch). Already capped by the budget; a batch is smaller only when fewer nodes
-    are eligible or budget slots are free."""
-    orders: tuple[int, ...] = ()
-    """The node order reserved for each of :attr:`nodes` (same length) when the batch
-    opened: an admission whose write failed (the node changed meanwhile) or that a crash
-    cut off is made again with the same order, so orders have no gap. Empty in a book
-    written before the field existed: the admissions then take the next of
-    :attr:`BatchBook.admitted`."""
-
-
-class BatchBook(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """The scheduler's persisted rollout state of one NodeWright (annotation
-    :data:`BATCHES_ANNOTATION`, written only by the scheduler with a resourceVersion
-    precondition)."""
-
-    compartments: dict[str, CompartmentBatch] = {}
-    versions: str = ""
-    """Digest of the package versions the state is about (a change is a new rollout)."""
-    reset_token: str = ""
-    """The last value of :data:`RESET_ANNOTATION` acted on."""
-    admitted: int = 0
-    """Node orders handed out in the current rollout: the next batch's nodes get this one
-    and on (:attr:`Selection.order <shared.nodestate.Selection.order>`, reserved in
-    :attr:`CompartmentBatch.orders`). Advanced by the planner and written with the book
-    before the admissions, so an order is never handed out twice. Back to 0 whenever the
-    batch state resets."""
-
-
-def read_batch_book(annotations: Mapping[str, str]) -> BatchBook:
-    """The batch book of a NodeWright; absent or undecodable reads as empty (a fresh start
-    of the batches, never a crash: the budgets still hold)."""
-    raw = annotations.get(BATCHES_ANNOTATION)
-    if not raw:
-        return BatchBook()
-    try:
-        return msgspec.json.decode(raw, type=BatchBook)
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        return BatchBook()
-
-
-def encode_batch_book(book: BatchBook) -> str:
-    return msgspec.json.encode(book).decode()
-
-
-def versions_digest(cr: api.NodeWright) -> str:
-    """Identifies the package versions (not the configuration) of a NodeWright."""
-    return _digest(sorted((n, p.version) for n, p in cr.spec.packages.items()))
+def release_due(cr: api.NodeWright, node: NodeFacts) -> bool:
+    """The NodeWright's work on the node is over for its current target: the drainer
+    releases its record (and its cordon), then the scheduler its admission. One rule for
+    both, so neither lets go before the other may."""
+    return turn(cr, node) in ("release", "done")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -24,7 +25,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 from shared import bus, config, health, kube, logging as logging_
 from shared.config import ServiceSettings
@@ -151,18 +157,32 @@ class ServiceContext:
     registry: CollectorRegistry
     supervisor: Supervisor
     health_port: int
+    pages: health.Pages = dataclasses.field(default_factory=health.Pages)
+    """More pages of the health server (the status service's web page)."""
     clock: Callable[[], datetime] = utcnow
 
 
 Builder = Callable[[ServiceContext], Awaitable[None]]
 
 
+def process_registry() -> CollectorRegistry:
+    """A service's own registry with the standard process metrics every Prometheus client
+    exports (process_cpu_seconds_total, process_resident_memory_bytes, open fds ...,
+    python_info, python_gc_*): the default registry has them, a fresh one does not."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
 @contextlib.asynccontextmanager
 async def _context(*, name: str, settings: ServiceSettings) -> AsyncIterator[ServiceContext]:
     identity = settings.identity or f"{socket.gethostname()}-{os.getpid()}"
-    registry = CollectorRegistry()
+    registry = process_registry()
     supervisor = Supervisor(name=name, graceful_timeout_s=settings.graceful_timeout_s)
     probes = health.Probes()
+    pages = health.Pages()
     async with contextlib.AsyncExitStack() as stack:
         nats_bus = await stack.enter_async_context(
             bus.connect(settings.nats, name=f"{name}/{identity}", stopping=supervisor.stopping)
@@ -171,7 +191,7 @@ async def _context(*, name: str, settings: ServiceSettings) -> AsyncIterator[Ser
         probes.add("nats", nats_bus.ready)
         probes.add("kube", api.ready)
         port = await stack.enter_async_context(
-            health.serve(settings.health, probes=probes, registry=registry)
+            health.serve(settings.health, probes=probes, registry=registry, pages=pages)
         )
         yield ServiceContext(
             name=name,
@@ -182,6 +202,7 @@ async def _context(*, name: str, settings: ServiceSettings) -> AsyncIterator[Ser
             registry=registry,
             supervisor=supervisor,
             health_port=port,
+            pages=pages,
         )
 
 

@@ -2,14 +2,18 @@
 
 - :func:`ensure_stream` creates or updates the one stream (file storage, limits retention) that
   keeps every event replayable; any replica of any service may call it.
-- :class:`Publisher` publishes an event with ``Nats-Msg-Id`` = its deterministic id and
-  retries while JetStream has no responder (a restart or leader election): nats-py does not.
-- :func:`consume` runs a durable pull consumer with explicit AckWait, MaxDeliver, BackOff and
-  MaxAckPending. The handler decides, the loop acts and logs once: ``Ack``; ``Retry`` -> nak
-  with delay (dead-lettered once MaxDeliver is reached); ``Reject`` -> term and dead-letter.
-  A payload that does not decode is dead-lettered at once and never reaches the handler.
-  The loop re-binds the consumer after errors, because nats-py pull subscriptions do not
-  recover from a server restart by themselves.
+- :class:`Publisher` publishes an event with ``Nats-Msg-Id`` = its deterministic id, as a
+  CloudEvent in binary content mode (``ce-*`` headers, ``shared.cloudevents``; the payload is
+  the event as before), and retries while JetStream has no responder (a restart or leader
+  election): nats-py does not.
+- :class:`Consumer` runs a durable pull consumer with explicit AckWait, MaxDeliver, BackOff
+  and MaxAckPending. The handler decides, the loop acts and logs once: ``Ack``; ``Retry`` ->
+  nak with delay (dead-lettered once MaxDeliver is reached); ``Reject`` -> term and
+  dead-letter. A payload that does not decode is dead-lettered at once and never reaches the
+  handler. A dead letter is a CloudEvent too (``com.nvidia.nodewright.dead-letter``).
+  :class:`RawConsumer` is the same loop over raw messages that never dead-letters (for
+  reading the dead letters). The one loop re-binds the consumer after errors, because
+  nats-py pull subscriptions do not recover from a server restart by themselves.
 
 What an event means is the handler's business, not this module's.
 """
@@ -21,6 +25,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import msgspec
 import nats.errors
@@ -38,7 +43,7 @@ from nats.js.api import (
 )
 from prometheus_client import CollectorRegistry, Counter
 
-from shared import events, subjects
+from shared import cloudevents, events, subjects
 from shared.bus import Bus
 from shared.config import NatsSettings
 
@@ -97,7 +102,7 @@ class Publisher:
     async def publish(self, event: events.Event) -> bool:
         """Publish ``event``; return False when JetStream had it already (a duplicate)."""
         payload = events.encode(event)
-        headers = {"Nats-Msg-Id": event.id}
+        headers = {"Nats-Msg-Id": event.id, **cloudevents.headers(cloudevents.attributes(event))}
         delay = 0.1
         for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
             try:
@@ -214,19 +219,15 @@ class _Metrics:
 
 
 @dataclass
-class Consumer:
-    """One durable consumer's loop; run :meth:`run` as a root task."""
+class _PullLoop:
+    """A durable pull consumer's loop: bind (creating the stream and the consumer if need
+    be), fetch, hand each message to :meth:`_handle` (at most ``spec.concurrency`` at once),
+    re-bind after errors with backoff, and let in-flight messages finish on stop. What a
+    message means and how it is acked is the subclass's."""
 
     bus: Bus
     spec: ConsumerSpec
-    handler: Handler
-    service: str
     stopping: asyncio.Event
-    registry: CollectorRegistry | None = None
-    _metrics: _Metrics = field(init=False)
-
-    def __post_init__(self) -> None:
-        self._metrics = _Metrics.make(self.registry)
 
     async def run(self) -> None:
         delay = 0.2
@@ -274,6 +275,59 @@ class Consumer:
                 await asyncio.gather(*inflight, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _handle(self, msg: Msg) -> None:
+        raise NotImplementedError
+
+
+RawHandler = Callable[[Msg], Awaitable[Outcome]]
+
+
+@dataclass
+class RawConsumer(_PullLoop):
+    """A consumer that hands every message, decoded or not, to ``report`` and never
+    dead-letters: a message it cannot handle is dropped after ``max_deliver`` attempts, with
+    an error log (the status service reads the dead letters themselves with it)."""
+
+    report: RawHandler = field(kw_only=True)
+
+    async def _handle(self, msg: Msg) -> None:
+        deliveries = msg.metadata.num_delivered
+        try:
+            outcome = await self.report(msg)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            _log.exception("Failed to handle message", extra={"subject": msg.subject})
+            outcome = Retry(why=repr(exc), delay_s=5.0)
+        match outcome:
+            case Ack():
+                await msg.ack()
+            case Retry(why=why, delay_s=delay_s):
+                if deliveries >= self.spec.max_deliver:
+                    _log.error(
+                        "Dropped message after retries",
+                        extra={"subject": msg.subject, "why": why, "attempt": deliveries},
+                    )
+                    await msg.term()
+                else:
+                    await msg.nak(delay=delay_s)
+            case Reject(why=why):
+                _log.error("Dropped message", extra={"subject": msg.subject, "why": why})
+                await msg.term()
+
+
+@dataclass
+class Consumer(_PullLoop):
+    """One durable consumer's loop over decoded events; run :meth:`run` as a root task."""
+
+    handler: Handler = field(kw_only=True)
+    service: str = field(kw_only=True)
+    registry: CollectorRegistry | None = field(default=None, kw_only=True)
+    _metrics: _Metrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._metrics = _Metrics.make(self.registry)
 
     async def _handle(self, msg: Msg) -> None:
         meta = msg.metadata
@@ -333,8 +387,13 @@ class Consumer:
                 self._metrics.handled.labels(self.spec.durable, kind, "rejected").inc()
 
     async def _dead_letter(self, msg: Msg, delivery: Delivery, why: str) -> None:
+        msg_id = f"dlq/{self.spec.durable}/{delivery.stream_sequence}"
+        attributes = cloudevents.dead_letter_attributes(
+            service=self.service, id_=msg_id, original_subject=msg.subject, at=datetime.now(UTC)
+        )
         headers = {
-            "Nats-Msg-Id": f"dlq/{self.spec.durable}/{delivery.stream_sequence}",
+            **cloudevents.headers(attributes),
+            "Nats-Msg-Id": msg_id,
             HEADER_ERROR: why[:1024],
             HEADER_SUBJECT: msg.subject,
             HEADER_SEQUENCE: str(delivery.stream_sequence),

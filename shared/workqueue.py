@@ -5,7 +5,8 @@
   So a burst of events about one node becomes one or two reconciles, never a parallel pair.
 - ``add(key, after=s)`` schedules a later run (RequeueAfter); the earliest requested time wins.
 - A reconcile that raises is retried with per-key exponential backoff (capped); a success
-  resets the backoff.
+  resets the backoff. A transient API error (``shared.kube.ApiError.transient``: a slow or
+  absent API server) is expected: no traceback, and a short, jittered cap.
 - ``reconcile_now(key)`` queues the key and waits until a reconcile of it that *started after
   the call* has finished, returning whether it succeeded: event consumers use it to ack a
   message only after the side effect happened.
@@ -19,14 +20,20 @@ import asyncio
 import contextlib
 import heapq
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
+
+from shared.kube import ApiError
 
 K = TypeVar("K", bound=Hashable)
 
 _log = logging.getLogger("nodewright.workqueue")
+
+TRANSIENT_BACKOFF_S: Final = 5.0
+"""The longest wait before a key that failed on a slow or absent API server is retried."""
 
 Reconcile = Callable[[K], Awaitable[float | None]]
 """Returns seconds until the key should be looked at again, or None."""
@@ -150,14 +157,24 @@ class WorkQueue(Generic[K]):
                     self.add(key, after=max(requeue, 0.001))
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
                 failures = self._failures.get(key, 0) + 1
                 self._failures[key] = failures
-                delay = min(self.base_backoff_s * 2 ** (failures - 1), self.max_backoff_s)
-                _log.exception(
-                    "Failed to reconcile",
-                    extra={"queue": self.name, "key": str(key), "retry_s": delay},
-                )
+                if isinstance(exc, ApiError) and exc.transient:
+                    # A slow or absent API server: expected, logged once by kube.Outage;
+                    # retried soon (jittered), so work resumes within seconds of its return.
+                    delay = min(self.base_backoff_s * 2.0 ** (failures - 1), TRANSIENT_BACKOFF_S)
+                    delay *= random.uniform(0.5, 1.0)
+                    _log.debug(
+                        "Failed to reconcile",
+                        extra={"queue": self.name, "key": str(key), "error": str(exc)},
+                    )
+                else:
+                    delay = min(self.base_backoff_s * 2 ** (failures - 1), self.max_backoff_s)
+                    _log.exception(
+                        "Failed to reconcile",
+                        extra={"queue": self.name, "key": str(key), "retry_s": delay},
+                    )
                 self.add(key, after=delay)
             finally:
                 self._working.discard(me)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import json
 import os
 import secrets
 import shutil
@@ -37,7 +38,7 @@ from types import TracebackType
 
 import yaml
 
-from nodewright.rig import pki as _pki
+from nodewright.rig import pki as _pki, realnode as _realnode
 
 K8S_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
@@ -51,6 +52,18 @@ KCM_CONTROLLERS = (
     "deployment",
     "replicaset",
     "serviceaccount",
+)
+
+# With real nodes, what a cluster's workloads need besides: Service endpoints (kube-proxy and
+# CoreDNS read EndpointSlices), StatefulSets (the NATS chart), Jobs (Helm hooks), DaemonSets,
+# and the CA that ServiceAccount volumes carry (the kube-root-ca.crt ConfigMap).
+REAL_NODE_KCM_CONTROLLERS = (
+    "endpoint",
+    "endpointslice",
+    "statefulset",
+    "job",
+    "daemonset",
+    "root-ca-cert-publisher",
 )
 
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -102,10 +115,12 @@ _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:
-    """preexec_fn: ask Linux to SIGTERM the child when the process that started it dies, so a
-    crashed or killed test run leaves no control plane behind (stop() is the normal path)."""
+    """preexec_fn: ask Linux to SIGKILL the child when the process that started it dies, so a
+    crashed or killed test run leaves no control plane behind (stop() is the normal path).
+    SIGKILL, not SIGTERM: a kube-apiserver told to stop gracefully after its etcd died with
+    the same parent was seen to hang on for good."""
     if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _death_signal_if_main_thread() -> Callable[[], None] | None:
@@ -113,6 +128,35 @@ def _death_signal_if_main_thread() -> Callable[[], None] | None:
     a child started from a worker thread (asyncio.to_thread) would be killed when that
     thread is retired. Only children of the main thread get it."""
     return die_with_parent if threading.current_thread() is threading.main_thread() else None
+
+
+WORK_DIR_PREFIX = "nodewright-rig-"
+OWNER_FILE = "owner"
+"""In a rig's work directory: the pid and start time of the process that made it."""
+
+
+def _process_identity(pid: int) -> str:
+    """``<pid> <start time>``: a pid alone may be reused by then."""
+    try:
+        start = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+    return f"{pid} {start}"
+
+
+def sweep_dead_work_dirs(base: Path) -> list[Path]:
+    """Remove the work directories of rigs whose process died without stopping them (a
+    killed test run); a directory without an owner is left alone. Returns what went."""
+    removed = []
+    for directory in base.glob(f"{WORK_DIR_PREFIX}*"):
+        try:
+            owner = (directory / OWNER_FILE).read_text().split()
+        except OSError:
+            continue
+        if len(owner) == 2 and _process_identity(int(owner[0])) != " ".join(owner):
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(directory)
+    return removed
 
 
 def free_port() -> int:
@@ -172,6 +216,13 @@ class Rig:
     work_dir: Path | None = None
     keep_work_dir: bool = False
     startup_timeout_s: float = 120.0
+    real_nodes: tuple[_realnode.NodeSpec, ...] = ()
+    """Real nodes (containerd + kubelet + kube-proxy, nodewright.rig.realnode) beside kwok's,
+    named real-1, real-2, ... in this order."""
+    real_node_images: tuple[str, ...] = ("pause", "agent", "sysctl-tuning", "coredns")
+    """Images (names in scripts/build-images.sh's index) loaded into every real node."""
+    image_cache: Path = field(default_factory=_realnode.default_image_cache)
+    real: _realnode.RealNodes | None = None
     endpoints: Endpoints = field(default_factory=Endpoints)
     processes: dict[str, Process] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
@@ -196,23 +247,32 @@ class Rig:
         self._check_binaries()
         if self.work_dir is None:
             base = "/dev/shm" if Path("/dev/shm").is_dir() else None  # etcd on tmpfs: no fsync cost
-            self.work_dir = Path(tempfile.mkdtemp(prefix="nodewright-rig-", dir=base))
+            if base is not None:
+                sweep_dead_work_dirs(Path(base))
+            self.work_dir = Path(tempfile.mkdtemp(prefix=WORK_DIR_PREFIX, dir=base))
+            (self.work_dir / OWNER_FILE).write_text(_process_identity(os.getpid()))
             self._owns_work_dir = True
         self.work_dir.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         try:
+            if self.real_nodes:
+                self._timed("real-node network", self._prepare_real_nodes)
             self._timed("etcd", self._start_etcd)
             self._timed("kube-apiserver", self._start_apiserver)
             self._timed("kube-controller-manager", self._start_kcm)
             self._timed("kube-scheduler", self._start_scheduler)
             self._timed("kwok", self._start_kwok)
             self._timed("nats-server", self.start_nats)
+            if self.real is not None:
+                self._timed("real nodes", self._start_real_nodes)
         except BaseException:
             self.stop()
             raise
         self.timings["total"] = time.monotonic() - t0
 
     def stop(self) -> None:
+        if self.real is not None:
+            self.real.stop()  # containers and their namespaces before the control plane
         for proc in reversed(list(self.processes.values())):
             proc.stop()
         self.processes.clear()
@@ -331,13 +391,21 @@ class Rig:
         self._wait(proc, lambda: self._http_ok(f"{url}/health", verify=False), "healthy")
 
     def _start_apiserver(self) -> None:
-        certs = _pki.write(self.dir / "pki")
+        network = self.real.network if self.real is not None else None
+        # With real nodes the API server listens on the rig's bridge (pods reach it through
+        # the kubernetes Service); otherwise on loopback only.
+        host = network.host_ip if network else "127.0.0.1"
+        extra_ips = [network.host_ip, network.kubernetes_service_ip] if network else []
+        certs = _pki.write(self.dir / "pki", extra_ips=extra_ips)
         port = free_port()
         token = secrets.token_hex(24)
         tokens = self.dir / "tokens.csv"
-        tokens.write_text(f'{token},nodewright-admin,nodewright-admin,"system:masters"\n')
+        lines = [f'{token},nodewright-admin,nodewright-admin,"system:masters"']
+        if self.real is not None:
+            lines += self.real.token_lines()
+        tokens.write_text("\n".join(lines) + "\n")
         tokens.chmod(0o600)
-        self.endpoints.api_url = f"https://127.0.0.1:{port}"
+        self.endpoints.api_url = f"https://{host}:{port}"
         self.endpoints.token = token
         self.endpoints.ca_file = certs.ca_cert
         proc = self._spawn(
@@ -345,8 +413,8 @@ class Rig:
             [
                 str(self.bin_dir / "kube-apiserver"),
                 f"--etcd-servers={self.endpoints.etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={host}",
+                f"--advertise-address={host}",
                 f"--secure-port={port}",
                 f"--tls-cert-file={certs.serving_cert}",
                 f"--tls-private-key-file={certs.serving_key}",
@@ -356,12 +424,9 @@ class Rig:
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={certs.sa_pub}",
                 f"--service-account-signing-key-file={certs.sa_key}",
-                "--service-cluster-ip-range=10.96.0.0/16",
+                f"--service-cluster-ip-range={network.service_cidr if network else '10.96.0.0/16'}",
                 "--allow-privileged=true",
-                # No ServiceAccount controller tokens, and no node lifecycle controller to lift the
-                # not-ready taint TaintNodesByCondition would put on every new node.
-                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-                "--endpoint-reconciler-type=none",
+                *self._real_node_apiserver_args(certs),
                 "--enable-priority-and-fairness=false",
                 "--max-requests-inflight=0",
                 "--max-mutating-requests-inflight=0",
@@ -377,6 +442,30 @@ class Rig:
         )
         self.endpoints.kubeconfig = self.dir / "kubeconfig"
         self.write_kubeconfig(self.endpoints.kubeconfig, user="nodewright-admin", token=token)
+
+    def _real_node_apiserver_args(self, certs: _pki.Pki) -> list[str]:
+        if self.real is None:
+            return [
+                # Simulated nodes only: pods need no ServiceAccount tokens, and no node
+                # lifecycle controller lifts the not-ready taint TaintNodesByCondition would
+                # put on every new node; a loopback address cannot be a Service endpoint.
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                "--endpoint-reconciler-type=none",
+            ]
+        return [
+            # Real pods get ServiceAccount tokens and reach the API server through the
+            # kubernetes Service, whose endpoint the API server keeps (its bridge address).
+            "--disable-admission-plugins=TaintNodesByCondition",
+            "--endpoint-reconciler-type=lease",
+            # kubectl logs/exec: by the node's address (its name resolves nowhere), with a
+            # client certificate kubelet trusts.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            # Webhooks and aggregated APIs are called at their pods' addresses (the rig routes
+            # the pod networks to the machine), not through a Service address it cannot reach.
+            "--enable-aggregator-routing=true",
+            f"--kubelet-client-certificate={certs.kubelet_client_cert}",
+            f"--kubelet-client-key={certs.kubelet_client_key}",
+        ]
 
     def write_kubeconfig(self, path: Path, *, user: str, token: str) -> Path:
         """Write a kubeconfig for ``user`` authenticating with ``token`` against this rig."""
@@ -421,7 +510,8 @@ class Rig:
             [
                 str(self.bin_dir / "kube-controller-manager"),
                 *self._component_args(port),
-                "--controllers=" + ",".join(KCM_CONTROLLERS),
+                "--controllers=" + ",".join(self._kcm_controllers()),
+                f"--root-ca-file={self.endpoints.ca_file}",
                 "--use-service-account-credentials=false",
                 "--concurrent-gc-syncs=20",
             ],
@@ -431,6 +521,89 @@ class Rig:
             lambda: self._http_ok(f"https://127.0.0.1:{port}/healthz", verify=False),
             "healthy",
         )
+
+    def _kcm_controllers(self) -> tuple[str, ...]:
+        return KCM_CONTROLLERS + (REAL_NODE_KCM_CONTROLLERS if self.real is not None else ())
+
+    def _prepare_real_nodes(self) -> None:
+        index = _realnode.image_index(self.image_cache)
+        missing = [name for name in self.real_node_images if name not in index]
+        if missing:
+            raise RigError(
+                "real-node",
+                f"images {', '.join(missing)} are not built in {self.image_cache}; "
+                "run `make images` (scripts/build-images.sh)",
+            )
+        self.real = _realnode.RealNodes(
+            specs=self.real_nodes,
+            bin_dir=self.bin_dir,
+            work_dir=self.dir,
+            slots_dir=self.bin_dir.parent / "slots",
+            images=[index[name] for name in self.real_node_images],
+        )
+        try:
+            self.real.prepare(new_token=lambda: secrets.token_hex(24))
+        except _realnode.NodeStartError as exc:
+            raise self._node_error(exc) from None
+
+    def _start_real_nodes(self) -> None:
+        assert self.real is not None
+        try:
+            self.real.start(
+                spawn=self._spawn,
+                api_url=self.endpoints.api_url,
+                ca_file=self.endpoints.ca_file,
+                is_ready=self.node_ready,
+                timeout_s=self.startup_timeout_s,
+            )
+            self.real.deploy_dns(self.kubectl_apply)
+        except _realnode.NodeStartError as exc:
+            raise self._node_error(exc) from None
+
+    def kubectl_apply(self, manifests: str) -> None:
+        """``kubectl apply`` of YAML manifests as the rig's administrator."""
+        done = subprocess.run(
+            [
+                str(self.bin_dir / "kubectl"),
+                "--kubeconfig",
+                str(self.endpoints.kubeconfig),
+                "apply",
+                "-f",
+                "-",
+            ],
+            input=manifests,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RigError("kubectl", f"kubectl apply failed: {done.stderr.strip()}")
+
+    @staticmethod
+    def _node_error(exc: _realnode.NodeStartError) -> RigError:
+        return RigError(exc.component, exc.problem, _tail(exc.log) if exc.log else "")
+
+    def node_ready(self, name: str) -> bool:
+        """Whether Node ``name`` reports Ready=True (read from the API server)."""
+        req = urllib.request.Request(f"{self.endpoints.api_url}/api/v1/nodes/{name}")
+        req.add_header("Authorization", f"Bearer {self.endpoints.token}")
+        ctx = ssl.create_default_context(cafile=str(self.endpoints.ca_file))
+        try:
+            with urllib.request.urlopen(req, timeout=5, context=ctx) as resp:
+                node = json.load(resp)
+        except urllib.error.HTTPError:
+            return False
+        conditions = node.get("status", {}).get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+    @property
+    def real_node_names(self) -> list[str]:
+        return [n.name for n in self.real.nodes] if self.real is not None else []
+
+    def host_root_of(self, node: str) -> Path:
+        """The throwaway host root a real node's package pods change."""
+        assert self.real is not None
+        return next(n.host_root for n in self.real.nodes if n.name == node)
 
     def _start_scheduler(self) -> None:
         port = free_port()
@@ -498,7 +671,11 @@ class Rig:
 
     def env(self) -> dict[str, str]:
         """Environment variables that point a NodeWright service at this rig."""
-        return {
+        env = {
             "NODEWRIGHT_KUBE_KUBECONFIG": str(self.endpoints.kubeconfig),
             "NODEWRIGHT_NATS_URL": self.endpoints.nats_url,
         }
+        if self.real is not None:
+            # Package pods on the real nodes change their throwaway tree, not this machine.
+            env["NODEWRIGHT_PODS_HOST_ROOT"] = _realnode.HOST_ROOT
+        return env

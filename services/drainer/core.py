@@ -47,10 +47,11 @@ from msgspec.structs import replace
 
 from services.drainer import filters
 from services.drainer.filters import EvictionResult, PdbInfo, PodInfo
-from shared import api, events, nodestate, progress
+from shared import api, events, nodestate, progress, reasons, recovery
+from shared.decisions import Keep, NodeDecision, RecordChange, Remove, Write
 from shared.events import ObjectRef, Reason
-from shared.nodestate import DrainPhase, DrainRecord
 from shared.progress import NodeFacts
+from shared.records.drainer import DrainPhase, DrainRecord
 
 MAX_LISTED: Final = 10
 """Objects named in one reason; the rest are counted."""
@@ -58,17 +59,8 @@ MAX_LISTED: Final = 10
 _ACTIVE: Final[frozenset[DrainPhase]] = frozenset({"cordoned", "waiting", "draining", "blocked"})
 _MAX_MESSAGE: Final = 1024
 
-# Reason codes (stable, machine-readable).
-PROTECTED_POD_RUNNING: Final = "ProtectedPodRunning"
-DRAINING: Final = "Draining"
-PDB_BLOCKING: Final = "PodDisruptionBudgetBlocking"
-MULTIPLE_PDBS: Final = "MultiplePodDisruptionBudgets"
-EVICTION_REFUSED: Final = "EvictionRefused"
-DRAIN_TIMEOUT: Final = "DrainTimeout"
-PROTECTED_POD_TIMEOUT: Final = "ProtectedPodTimeout"
-
 # When several kinds of pods block, the reason's code is the first of these present.
-_BLOCK_ORDER: Final = (filters.UNMANAGED_POD, filters.EMPTY_DIR_DATA, filters.DAEMON_SET_POD)
+_BLOCK_ORDER: Final = (reasons.UNMANAGED_POD, reasons.EMPTY_DIR_DATA, reasons.DAEMON_SET_POD)
 
 
 def drain_records(node: Mapping[str, Any], *, besides: str) -> dict[str, DrainRecord | None]:
@@ -92,10 +84,18 @@ def drain_records(node: Mapping[str, Any], *, besides: str) -> dict[str, DrainRe
 class NodeWrite:
     """One merge patch of the node: this CR's record and, optionally, the cordon."""
 
-    record: DrainRecord | None
-    """The new record; None removes it."""
+    record: RecordChange
     unschedulable: bool | None = None
     """Set spec.unschedulable in the same patch; None leaves it alone."""
+
+    @property
+    def after(self) -> DrainRecord | None:
+        """The record as it is once written (None: removed)."""
+        match self.record:
+            case Write(record=DrainRecord() as rec):
+                return rec
+            case _:
+                return None
 
 
 @dataclass(frozen=True)
@@ -133,12 +133,22 @@ class Decision:
     """Why nothing can be decided (for the shell to log), e.g. an undecodable record."""
 
 
-def patch_body(cr: str, write: NodeWrite, *, resource_version: str) -> dict[str, Any]:
-    """The merge patch carrying ``write``, valid only for ``resource_version`` of the node."""
-    body = nodestate.patch(nodestate.DRAINER, cr, write.record, resource_version=resource_version)
-    if write.unschedulable is not None:
-        body["spec"] = {"unschedulable": write.unschedulable}
-    return body
+def node_decision(cr: str, node: str, decision: Decision) -> NodeDecision:
+    """What the shared per-node shell carries out for ``decision`` (after :func:`settle`):
+    the record and the cordon in one patch, then the events."""
+    write = decision.write
+    spec: dict[str, Any] = {}
+    if write is not None and write.unschedulable is not None:
+        spec["unschedulable"] = write.unschedulable
+    return NodeDecision(
+        owner=nodestate.DRAINER,
+        cr=cr,
+        node=node,
+        record=write.record if write is not None else Keep(),
+        spec=spec,
+        events=decision.publish,
+        requeue_after=decision.requeue_after,
+    )
 
 
 @dataclass(frozen=True)
@@ -150,15 +160,11 @@ class _Ctx:
     now: datetime
 
     def event(self, cls: type[events.Event], *facts: object, **fields: Any) -> events.Event:
-        return cls(
-            id=events.event_id(self.cr, self.node, *facts),
-            at=self.now,
-            cr=self.cr,
-            generation=self.generation,
-            node=self.node,
-            source=self.source,
-            **fields,
+        out = events.Emitter(
+            cr=self.cr, generation=self.generation, node=self.node, now=self.now, source=self.source
         )
+        out.emit(cls, *facts, **fields)
+        return out.events[0]
 
 
 def _digest(reason: Reason) -> str:
@@ -206,9 +212,10 @@ def _soonest(*delays: float | None) -> float | None:
 
 
 def must_release(cr: api.NodeWright | None, node: NodeFacts) -> bool:
-    """This CR's drainer record must go: the node is done, no longer admitted or targeted,
-    or the CR is gone. A CR being deleted keeps its cordons while its finalizer's
-    uninstalls run; its nodes are done (and released) once those finished."""
+    """This CR's drainer record must go: its work is over (``progress.release_due``, the
+    rule the scheduler releases the admission by, after this), the node is no longer
+    admitted or targeted, or the CR is gone. A CR being deleted keeps its cordons while its
+    finalizer's uninstalls run; its nodes are done (and released) once those finished."""
     if node.drain is None:
         return False
     if cr is None:
@@ -217,7 +224,7 @@ def must_release(cr: api.NodeWright | None, node: NodeFacts) -> bool:
         return True
     if not progress.selector_matches(cr.spec.node_selectors, node.labels):
         return True
-    return progress.turn(cr, node) == "release"
+    return progress.release_due(cr, node)
 
 
 def decide(
@@ -237,6 +244,10 @@ def decide(
     ``others`` are the other NodeWrights' drainer records on the node (:func:`drain_records`);
     ``requests`` the recovery requests for ``cr_name`` on the node."""
     if nodestate.key(nodestate.DRAINER, cr_name) in node.malformed:
+        if recovery.reset_malformed(node, nodestate.DRAINER, cr_name):
+            # Forgotten like any reset drain; whose cordon it was cannot be read any more, so
+            # a cordon on the node is kept (the next cordon records it as someone else's).
+            return Decision(write=NodeWrite(record=Remove()), requeue_after=0.0)
         return Decision(problem="the drainer record does not decode; fix or reset the node")
     generation = (
         cr.metadata.generation
@@ -247,9 +258,11 @@ def decide(
     rec = node.drain
     if rec is not None and must_release(cr, node):
         return _release(ctx, rec, node, others)
-    requests = requests or nodestate.Requests()
+    requests = requests or node.requests
     if rec is not None and requests.after(rec.honoured):
-        return Decision(write=NodeWrite(record=honour(rec, requests, ctx.now)), requeue_after=0.0)
+        return Decision(
+            write=NodeWrite(record=Write(honour(rec, requests, ctx.now))), requeue_after=0.0
+        )
     if cr is None or progress.turn(cr, node) != "drainer":
         return Decision()
     if cr.paused or cr.disabled:
@@ -260,7 +273,7 @@ def decide(
         return Decision()
     if not node.unschedulable:
         # Uncordoned behind our back mid-drain: pods could land again; cordon again first.
-        return Decision(write=NodeWrite(record=rec, unschedulable=True), requeue_after=0.0)
+        return Decision(write=NodeWrite(record=Keep(), unschedulable=True), requeue_after=0.0)
     protected = filters.protected_pods(pods, cr.spec.pod_non_interrupt_labels)
     if protected:
         return _wait(ctx, rec, protected, cr.spec.drain.protected_pods_timeout_seconds)
@@ -278,16 +291,13 @@ def honour(rec: DrainRecord, requests: nodestate.Requests, now: datetime) -> Dra
     """``rec`` after the recovery requests newer than its mark: a reset restarts the drain,
     a retry restarts a failed one (with a fresh timeout); the cordon and its ownership stay.
     A rerun is the executor's business: only the mark moves."""
-    phase = rec.phase
-    restart = False
-    for req in requests.after(rec.honoured):
-        if req.action == "reset" or (req.action == "retry" and phase == "failed"):
-            restart, phase = True, "cordoned"
-    if not restart:
-        return replace(rec, honoured=requests.latest)
-    return replace(
-        rec, phase="cordoned", started=now, since=now, reason=None, honoured=requests.latest
-    )
+
+    def step(r: DrainRecord, req: nodestate.Request) -> DrainRecord:
+        if req.action == "reset" or (req.action == "retry" and r.phase == "failed"):
+            return replace(r, phase="cordoned", started=now, since=now, reason=None)
+        return r
+
+    return recovery.honour(rec, requests, step)
 
 
 def _cordon(
@@ -308,7 +318,7 @@ def _cordon(
         honoured=honoured,  # a fresh record: requests made before it have nothing to act on
     )
     return Decision(
-        write=NodeWrite(record=rec, unschedulable=True),
+        write=NodeWrite(record=Write(rec), unschedulable=True),
         publish=(
             ctx.event(
                 events.NodeCordoned, "cordoned", ctx.now.isoformat(), preexisting=preexisting
@@ -327,7 +337,7 @@ def _wait(
         assert timeout_s is not None
         return _protected_timeout(ctx, rec, protected, timeout_s)
     reason = Reason(
-        code=PROTECTED_POD_RUNNING,
+        code=reasons.PROTECTED_POD_RUNNING,
         message=_clip(
             f"waiting for {len(protected)} pod(s) matching podNonInterruptLabels to finish: "
             + _names([p.key for p in protected])
@@ -342,7 +352,7 @@ def _wait(
     if rec.phase != "waiting" or rec.reason != reason:
         publish = (ctx.event(events.NodeWaiting, "waiting", _digest(reason), reason=reason),)
     # Pod changes on the node re-queue the key; the timer only enforces a deadline if set.
-    return Decision(write=NodeWrite(record=new), publish=publish, requeue_after=remaining)
+    return Decision(write=NodeWrite(record=Write(new)), publish=publish, requeue_after=remaining)
 
 
 def _protected_timeout(
@@ -350,7 +360,7 @@ def _protected_timeout(
 ) -> Decision:
     protected = sorted(protected, key=lambda p: p.key)
     reason = Reason(
-        code=PROTECTED_POD_TIMEOUT,
+        code=reasons.PROTECTED_POD_TIMEOUT,
         message=_clip(
             f"{len(protected)} pod(s) matching podNonInterruptLabels still running after "
             f"{timeout_s}s: " + _names([p.key for p in protected])
@@ -360,7 +370,7 @@ def _protected_timeout(
     )
     failed = _moved(rec, "failed", ctx.now, reason=reason)
     return Decision(
-        write=NodeWrite(record=failed),
+        write=NodeWrite(record=Write(failed)),
         publish=(
             ctx.event(
                 events.DrainFailed, "protected-timeout", rec.since.isoformat(), reason=reason
@@ -385,7 +395,7 @@ def _blocking_reason(blocking: Sequence[tuple[PodInfo, str]], evicted: int) -> R
 
 def _draining_reason(awaited: Sequence[PodInfo], evicted: int) -> Reason:
     return Reason(
-        code=DRAINING,
+        code=reasons.DRAINING,
         message=_clip(
             f"waiting for {len(awaited)} evicted pod(s) to be gone: "
             + _names([p.key for p in awaited])
@@ -416,7 +426,7 @@ def _drain(
     if not (blocking or evict or delete or awaited):
         done = _moved(base, "drained", ctx.now, reason=None)
         return Decision(
-            write=NodeWrite(record=done),
+            write=NodeWrite(record=Write(done)),
             publish=(
                 ctx.event(
                     events.NodeDrained,
@@ -447,7 +457,7 @@ def _drain(
                 ),
             )
         return Decision(
-            write=NodeWrite(record=new) if new != rec else None,
+            write=NodeWrite(record=Write(new)) if new != rec else None,
             publish=publish,
             # Pod and CR changes re-queue the key; the timer only enforces the timeout.
             requeue_after=remaining,
@@ -475,7 +485,7 @@ def _drain(
     # Only terminating pods are left: wait until they are gone (pod deletions re-queue too).
     new = _moved(base, "draining", ctx.now, reason=_draining_reason(awaited, evicted_before))
     return Decision(
-        write=NodeWrite(record=new) if new != rec else None,
+        write=NodeWrite(record=Write(new)) if new != rec else None,
         requeue_after=_soonest(deletion_poll_s, remaining),
     )
 
@@ -489,14 +499,14 @@ def _timed_out(ctx: _Ctx, rec: DrainRecord, timeout_s: int, left: Sequence[PodIn
     if last is not None:
         details["lastReason"] = last.code
     reason = Reason(
-        code=DRAIN_TIMEOUT,
+        code=reasons.DRAIN_TIMEOUT,
         message=_clip(f"drain did not finish within {timeout_s}s: {what}"),
         objects=_listed([*budgets, *(p.ref for p in left)]),
         details=details,
     )
     failed = _moved(rec, "failed", ctx.now, reason=reason)
     return Decision(
-        write=NodeWrite(record=failed),
+        write=NodeWrite(record=Write(failed)),
         publish=(
             ctx.event(events.DrainFailed, "drain-failed", rec.started.isoformat(), reason=reason),
         ),
@@ -523,7 +533,7 @@ def _refusal_reason(
         for b in matched:
             refs[(b.namespace, b.name)] = b.ref
         if r.outcome == "refused" and (matched or r.budget):
-            codes.add(PDB_BLOCKING)
+            codes.add(reasons.PDB_BLOCKING)
             if not matched:
                 # Not in the cache (yet): the API server's DisruptionBudget cause names it.
                 key = (r.pod.namespace, r.budget)
@@ -533,9 +543,15 @@ def _refusal_reason(
             named = ", ".join(_pdb_text(b) for b in matched) or f"{r.pod.namespace}/{r.budget}"
             parts.append(f"{r.pod.key} by PodDisruptionBudget {named}")
         else:
-            codes.add(MULTIPLE_PDBS if r.outcome == "multiple-pdbs" else EVICTION_REFUSED)
+            codes.add(
+                reasons.MULTIPLE_PDBS if r.outcome == "multiple-pdbs" else reasons.EVICTION_REFUSED
+            )
             parts.append(f"{r.pod.key}: {r.message}")
-    code = next(c for c in (PDB_BLOCKING, MULTIPLE_PDBS, EVICTION_REFUSED) if c in codes)
+    code = next(
+        c
+        for c in (reasons.PDB_BLOCKING, reasons.MULTIPLE_PDBS, reasons.EVICTION_REFUSED)
+        if c in codes
+    )
     details = {"pods": str(len(refused)), "evicted": str(evicted)}
     if blocking:
         first = blocking[0]
@@ -595,7 +611,7 @@ def settle(
                 ),
             )
         return Decision(
-            write=NodeWrite(record=new) if new != prev else None,
+            write=NodeWrite(record=Write(new)) if new != prev else None,
             publish=publish,
             requeue_after=_soonest(pending.eviction_retry_s, pending.remaining_s),
         )
@@ -608,7 +624,7 @@ def settle(
         reason=_draining_reason(awaited, evicted),
     )
     return Decision(
-        write=NodeWrite(record=new) if new != prev else None,
+        write=NodeWrite(record=Write(new)) if new != prev else None,
         requeue_after=_soonest(pending.deletion_poll_s, pending.remaining_s),
     )
 
@@ -644,6 +660,6 @@ def _release(
             ),
         )
     return Decision(
-        write=NodeWrite(record=None, unschedulable=False if uncordon else None),
+        write=NodeWrite(record=Remove(), unschedulable=False if uncordon else None),
         publish=publish,
     )

@@ -17,15 +17,11 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from shared import api, pods as own_pods, progress
+from shared import api, pods as own_pods, progress, reasons
 from shared.events import ObjectRef
 
 MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
 """Set by the kubelet on the API mirror of a static pod; deleting the mirror does nothing."""
-
-DAEMON_SET_POD: Final = "DaemonSetPod"
-EMPTY_DIR_DATA: Final = "EmptyDirData"
-UNMANAGED_POD: Final = "UnmanagedPod"
 
 
 # ---- views of the cluster -------------------------------------------------------------------
@@ -176,21 +172,21 @@ def classify(pod: PodInfo, options: api.DrainOptions) -> Verdict:
         return Verdict("skip", "NotSelected")
     daemon = pod.controller_kind == "DaemonSet"
     if daemon and options.ignore_daemon_sets:
-        return Verdict("skip", DAEMON_SET_POD)
+        return Verdict("skip", reasons.DAEMON_SET_POD)
     if pod.terminating:
         return Verdict("await", "Terminating")
     if daemon:
-        return Verdict("block", DAEMON_SET_POD)
+        return Verdict("block", reasons.DAEMON_SET_POD)
     if pod.empty_dir and not options.delete_empty_dir_data:
-        return Verdict("block", EMPTY_DIR_DATA)
+        return Verdict("block", reasons.EMPTY_DIR_DATA)
     if not pod.controller_kind:
         match options.unmanaged_pods:
             case "Block":
-                return Verdict("block", UNMANAGED_POD)
+                return Verdict("block", reasons.UNMANAGED_POD)
             case "Evict":
-                return Verdict("evict", UNMANAGED_POD)
+                return Verdict("evict", reasons.UNMANAGED_POD)
             case "Delete":
-                return Verdict("delete", UNMANAGED_POD)
+                return Verdict("delete", reasons.UNMANAGED_POD)
     return Verdict("evict", "Managed")
 
 

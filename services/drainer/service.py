@@ -3,9 +3,10 @@
 For each (NodeWright, node) key it reads the cached CR, node, the pods bound to the node and
 the PodDisruptionBudgets of their namespaces, asks :func:`services.drainer.core.decide`
 what to do, sends the evictions (POST ``pods/<name>/eviction``) or deletions it asks for,
-folds their answers in with :func:`services.drainer.core.settle`, then writes this CR's
-drainer record and the cordon in one merge patch carrying the node's resourceVersion, and
-publishes the events. Long waits (protected pods, PDBs, terminating pods) are requeues,
+folds their answers in with :func:`services.drainer.core.settle`, then hands the decision
+to the shared per-node shell (:func:`shared.nodeshell.apply`), which writes this CR's drainer
+record and the cordon in one merge patch carrying the node's resourceVersion and publishes
+the events. Long waits (protected pods, PDBs, terminating pods) are requeues,
 never a blocked worker, so one stuck node does not hold up others.
 
 No leader election: the precondition turns a second replica's stale decision into a 409,
@@ -21,16 +22,29 @@ import logging
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import msgspec
 
 from services.drainer import core, filters
 from services.drainer.config import DrainerSettings, Settings
-from shared import api, nodestate, progress, runtime, streaming, subjects
+from shared import (
+    api,
+    durations,
+    nodeshell,
+    nodestate,
+    outbox,
+    progress,
+    runtime,
+    streaming,
+    subjects,
+)
 from shared.controller import Controller, NodeKey
+from shared.decisions import Keep
 from shared.informer import Informer, key_of
 from shared.kube import JSON, ApiError, path_of
+from shared.records.drainer import DrainRecord
 
 NAME = "drainer"
 _log = logging.getLogger("nodewright.drainer")
@@ -40,7 +54,8 @@ NODES = path_of(plural="nodes")
 PODS = path_of(plural="pods")
 PDBS = path_of(group="policy", plural="poddisruptionbudgets")
 
-_OWNERS = (nodestate.SCHEDULER, nodestate.DRAINER)
+_OWNERS = (nodestate.SCHEDULER, nodestate.DRAINER, outbox.PREFIX + nodestate.DRAINER)
+"""Keys come from admissions, drain records and the drainer's unpublished events."""
 
 
 class Drainer:
@@ -52,6 +67,7 @@ class Drainer:
         self.publisher = streaming.Publisher(
             ctx.bus, source=f"{NAME}/{ctx.identity}", registry=ctx.registry
         )
+        self._drain_seconds = durations.drain_histogram(ctx.registry)
         self.controller: Controller[NodeKey] = Controller(
             ctx=ctx,
             name=NAME,
@@ -86,6 +102,9 @@ class Drainer:
             ),
             to_keys=lambda e: [(e.cr, e.node)] if e.node else [],
         )
+        self.node_port = nodeshell.KubeNodes(ctx.kube, self.nodes)
+        self.object_port = nodeshell.KubeObjects(ctx.kube, ctx.settings.namespace)
+        self.bus_port = nodeshell.BusEvents(self.publisher)
 
     # ---- key mapping ------------------------------------------------------------------
 
@@ -141,6 +160,17 @@ class Drainer:
     # ---- reconcile ----------------------------------------------------------------------
 
     async def reconcile(self, key: NodeKey) -> float | None:
+        # Events a writer (this replica or another, maybe dead) left in the outbox first;
+        # the work goes on whether or not NATS takes them now.
+        unpublished = await nodeshell.flush(
+            owner=nodestate.DRAINER, cr=key[0], node=key[1], nodes=self.node_port, bus=self.bus_port
+        )
+        again = await self._reconcile(key)
+        if unpublished is None:
+            return again
+        return unpublished if again is None else min(again, unpublished)
+
+    async def _reconcile(self, key: NodeKey) -> float | None:
         cr_name, node_name = key
         raw_node = self.nodes.get(node_name)
         if raw_node is None:
@@ -168,7 +198,6 @@ class Drainer:
             eviction_retry_s=self.settings.eviction_retry_s,
             deletion_poll_s=self.settings.deletion_poll_s,
             source=self.publisher.source,
-            requests=nodestate.read_requests(raw_node, cr_name),
         )
         if decision.problem:
             _log.error(
@@ -183,14 +212,32 @@ class Drainer:
                 pdbs=self._pdbs_for(node_pods),
                 now=self.ctx.clock(),
             )
-        if decision.write is not None and not await self._write(cr_name, node_name, decision.write):
-            return 0.5
-        for event in decision.publish:
-            await self.publisher.publish(event)
-        if decision.write is not None:
-            self._log_write(cr_name, node_name, facts.drain, decision.write)
-        self._track_blockers(key, decision.write.record if decision.write else facts.drain)
-        return decision.requeue_after
+        write = decision.write
+
+        def observe() -> None:
+            # Once per drain: the write recording its end landed.
+            for event in decision.publish:
+                took = durations.drain_seconds(event, facts)
+                if took is not None:
+                    self._drain_seconds.labels(took[0]).observe(took[1])
+
+        retry = await nodeshell.apply(
+            replace(
+                core.node_decision(cr_name, node_name, decision),
+                # The node decided on: evictions took a while, the cache may be newer.
+                observed_version=str(raw_node["metadata"]["resourceVersion"]),
+            ),
+            nodes=self.node_port,
+            objects=self.object_port,
+            bus=self.bus_port,
+            written=observe,
+        )
+        if retry == nodeshell.STALE_RETRY_S and write is not None:
+            return retry
+        if write is not None:
+            self._log_write(cr_name, node_name, facts.drain, write)
+        self._track_blockers(key, write.after if write is not None else facts.drain)
+        return retry
 
     def _node_pods(self, node: str) -> list[filters.PodInfo]:
         found = (self.pods.get(k) for k in sorted(self._pods_on.get(node, ())))
@@ -204,7 +251,7 @@ class Drainer:
             if (o.get("metadata") or {}).get("namespace") in namespaces
         ]
 
-    def _track_blockers(self, key: NodeKey, record: nodestate.DrainRecord | None) -> None:
+    def _track_blockers(self, key: NodeKey, record: DrainRecord | None) -> None:
         if record is None or record.phase != "blocked" or record.reason is None:
             self._blocked_by.pop(key, None)
             return
@@ -218,32 +265,19 @@ class Drainer:
         else:
             self._blocked_by.pop(key, None)
 
-    async def _write(self, cr: str, node: str, write: core.NodeWrite) -> bool:
-        """Apply ``write`` to the node as cached; False when the node changed meanwhile."""
-        cached = self.nodes.get(node)
-        if cached is None:
-            return False
-        body = core.patch_body(cr, write, resource_version=cached["metadata"]["resourceVersion"])
-        try:
-            updated = await self.ctx.kube.patch(path_of(plural="nodes", name=node), body)
-        except ApiError as exc:
-            if exc.conflict or exc.not_found:
-                _log.info("Skipped stale Node write", extra={"node": node, "status": exc.status})
-                return False
-            raise
-        self.nodes.observe(updated)
-        return True
-
     def _log_write(
         self,
         cr: str,
         node: str,
-        before: nodestate.DrainRecord | None,
+        before: DrainRecord | None,
         write: core.NodeWrite,
     ) -> None:
         extra: dict[str, Any] = {"nodewright": cr, "node": node}
-        after = write.record
+        after = write.after
         if after is None:
+            if isinstance(write.record, Keep):
+                _log.info("Cordoned Node again", extra=extra)
+                return
             extra["uncordoned"] = write.unschedulable is False
             _log.info("Released Node", extra=extra)
             return
@@ -330,7 +364,7 @@ class Drainer:
             return filters.refusal(pod, status=exc.status, message=exc.message, body=exc.body)
 
 
-def _code(record: nodestate.DrainRecord) -> str:
+def _code(record: DrainRecord) -> str:
     return record.reason.code if record.reason is not None else ""
 
 

@@ -47,21 +47,14 @@ from datetime import datetime
 import msgspec
 from msgspec.structs import replace as update
 
-from shared import api, events, nodestate, pods, progress
+from shared import api, events, nodestate, pods, progress, reasons, recovery
+from shared.decisions import Keep, RecordChange, Remove, Work, Write
 from shared.events import Reason
-from shared.nodestate import (
-    Cycle,
-    ExecutorRecord,
-    InterruptRecord,
-    PackageRecord,
-    Request,
-    Requests,
-    ValidatorRecord,
-    check_key,
-)
-from shared.pods import PodView
+from shared.nodestate import Request, Requests, check_key
+from shared.pods import PodKey, PodView
 from shared.podspec import PodRequest
 from shared.progress import Desired, NodeFacts
+from shared.records.executor import Cycle, ExecutorRecord, InterruptRecord, PackageRecord
 
 INTERRUPT_STAGE = "interrupt"
 POST_INTERRUPT = "post-interrupt"
@@ -73,42 +66,33 @@ _FIRST_STAGE: dict[Cycle, str] = {
 }
 # Stages whose pod is still meaningful to look at after they are recorded.
 _MESSAGE_TAIL = 512
+_FIX_HINT = (
+    "; fix the package spec (a change to it starts the stage over by itself) or run "
+    "`nodewright node retry`"
+)
 
 
 @dataclass(frozen=True)
 class Decision:
-    record: ExecutorRecord | None = None
-    """The new record, or None when unchanged."""
+    record: RecordChange = field(default_factory=Keep)
     create: tuple[PodRequest, ...] = ()
     delete: tuple[str, ...] = ()
     publish: tuple[events.Event, ...] = ()
     requeue_after: float | None = None
+    problem: str = ""
+    """Why nothing can be decided (for the shell to log), e.g. an undecodable record."""
 
 
-@dataclass
-class _Work:
-    cr: api.NodeWright
-    node: NodeFacts
-    now: datetime
-    source: str
+@dataclass(kw_only=True)
+class _Work(Work):
+    """The executor's pass: the package and interrupt records as they change."""
+
     packages: dict[str, PackageRecord]
     interrupt: InterruptRecord | None
-    create: list[PodRequest] = field(default_factory=list)
-    keep: set[str] = field(default_factory=set)
-    out: events.Emitter = field(init=False)
-    requeue: float | None = None
 
-    def __post_init__(self) -> None:
-        self.out = events.Emitter(
-            cr=self.cr.metadata.name,
-            generation=self.cr.metadata.generation,
-            node=self.node.name,
-            now=self.now,
-            source=self.source,
-        )
 
-    def later(self, seconds: float) -> None:
-        self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
+def _cycle_of(r: PackageRecord) -> str:
+    return r.cycle_started.isoformat() if r.cycle_started is not None else ""
 
 
 def pod_name(cr: str, node: str, req: PodRequest) -> str:
@@ -120,6 +104,7 @@ def pod_name(cr: str, node: str, req: PodRequest) -> str:
         stage=req.stage,
         version=req.version,
         attempt=req.attempt,
+        cycle=req.cycle,
     )
 
 
@@ -173,6 +158,8 @@ def _start_cycle(w: _Work, d: Desired, r: PackageRecord | None) -> PackageRecord
         cycle_config=d.config_digest,
         cycle_keys=progress.config_key_digests(d.config),
         updated=w.now,
+        spec=d.spec_digest,
+        cycle_started=w.now,
     )
 
 
@@ -192,6 +179,8 @@ def _start_uninstall(w: _Work, d: Desired, r: PackageRecord) -> PackageRecord:
         interrupt=d.interrupt.type if d.interrupt else "",
         interrupt_services=tuple(d.interrupt.services) if d.interrupt else (),
         updated=w.now,
+        spec=d.spec_digest,
+        cycle_started=w.now,
     )
 
 
@@ -213,6 +202,8 @@ def _cancel_uninstall(w: _Work, d: Desired, r: PackageRecord) -> PackageRecord:
         cycle_config=d.config_digest,
         cycle_keys=progress.config_key_digests(d.config),
         updated=w.now,
+        spec=d.spec_digest,
+        cycle_started=w.now,
     )
 
 
@@ -291,10 +282,10 @@ def _request_stage(w: _Work, d: Desired, r: PackageRecord) -> None:
         previous=r.previous,
         desired=d,
         node_order=w.node.selection.order if w.node.selection is not None else None,
+        cycle=_cycle_of(r),
     )
     req = replace(req, name=pod_name(w.cr.metadata.name, w.node.name, req))
-    w.create.append(req)
-    w.keep.add(req.name)
+    w.start(req)
     w.out.emit(
         events.StageStarted,
         d.name,
@@ -330,14 +321,15 @@ def _failed(w: _Work, d: Desired, r: PackageRecord, reason: Reason) -> PackageRe
 def _pod_failure(pod: PodView, *, now: datetime, image_pull_grace_s: float) -> Reason | None:
     ref = (pods.pods_kind_ref(pod),)
     if pod.phase == "Failed":
-        tail = pod.message[-_MESSAGE_TAIL:]
+        said, details = pods.agent_outcome(pod)
+        text = f"pod {pod.name} exited with code {pod.exit_code}: {said}".rstrip(": ")
         return Reason(
-            code="StageFailed",
-            message=f"pod {pod.name} exited with code {pod.exit_code}: {tail}".rstrip(": "),
+            code=reasons.STAGE_FAILED,
+            message=text[: _MESSAGE_TAIL - len(_FIX_HINT)] + _FIX_HINT,
             objects=ref,
-            details={"exitCode": str(pod.exit_code)},
+            details={"exitCode": str(pod.exit_code), **details},
         )
-    return pods.image_pull_failure(pod, now=now, grace_s=image_pull_grace_s)
+    return pods.start_failure(pod, now=now, grace_s=image_pull_grace_s)
 
 
 def _observe_stage(
@@ -373,7 +365,7 @@ def _observe_stage(
             d,
             r,
             Reason(
-                code="StageTimeout",
+                code=reasons.STAGE_TIMEOUT,
                 message=f"stage {r.stage} of {d.name} {r.version} ran longer than {timeout}s",
                 objects=(pods.pods_kind_ref(pod),),
                 details={"timeoutSeconds": str(timeout)},
@@ -407,16 +399,38 @@ def _advance(w: _Work, d: Desired, r: PackageRecord) -> PackageRecord:
             updated=w.now,
         )
     if nxt == INTERRUPT_STAGE:
-        return update(r, stage=INTERRUPT_STAGE, state="running", attempt=1, updated=w.now)
-    new = update(r, stage=nxt, state="running", attempt=1, updated=w.now)
+        return update(
+            r, stage=INTERRUPT_STAGE, state="running", attempt=1, updated=w.now, spec=d.spec_digest
+        )
+    new = update(r, stage=nxt, state="running", attempt=1, updated=w.now, spec=d.spec_digest)
     _request_stage(w, d, new)
     return new
+
+
+def _key(r: PackageRecord, name: str) -> PodKey:
+    return (name, r.stage, r.version, r.attempt, _cycle_of(r))
+
+
+def _spec_changed(w: _Work, d: Desired, r: PackageRecord) -> bool:
+    """The package failed (its stage, or its check, for this attempt) with a spec the CR
+    no longer has: the fix is in, the stage starts over by itself as a new attempt."""
+    if not progress.stale_failure(d, r) or r.version != d.version:
+        return False
+    if r.state == "failed":
+        return True
+    verdict = w.node.validator.checks.get(check_key(d.name, r.version, r.stage))
+    return (
+        r.state == "succeeded"
+        and verdict is not None
+        and verdict.verdict == "failed"
+        and verdict.attempt == r.attempt
+    )
 
 
 def _packages(
     w: _Work,
     desired: Mapping[str, Desired],
-    pods_by: Mapping[tuple[str, str, str, int], PodView],
+    pods_by: Mapping[PodKey, PodView],
     grace: float,
     may_start: bool,
 ) -> None:
@@ -437,14 +451,23 @@ def _packages(
                 w.packages[name] = r
                 _request_stage(w, d, r)
             continue
+        if _spec_changed(w, d, r):
+            if may_start:
+                again = _again(r, w.now, spec=d.spec_digest)
+                w.packages[name] = again
+                if again.stage == INTERRUPT_STAGE:
+                    w.interrupt = None  # its failed run was about the old spec
+                else:
+                    _request_stage(w, d, again)
+            continue
         if r.state == "failed" or r.stage == INTERRUPT_STAGE:
             if r.state == "failed":
-                pod = pods_by.get((name, r.stage, r.version, r.attempt))
+                pod = pods_by.get(_key(r, name))
                 if pod is not None:
                     w.keep.add(pod.name)  # failed pods stay for their logs until a retry
             continue
         if r.state == "running":
-            pod = pods_by.get((name, r.stage, r.version, r.attempt))
+            pod = pods_by.get(_key(r, name))
             if pod is None and may_start:
                 _request_stage(w, d, r)  # lost or never created: same deterministic name
                 continue
@@ -475,7 +498,7 @@ def _interrupt_id(packages: Sequence[str], records: Mapping[str, PackageRecord])
 def _interrupt(
     w: _Work,
     desired: Mapping[str, Desired],
-    pods_by: Mapping[tuple[str, str, str, int], PodView],
+    pods_by: Mapping[PodKey, PodView],
     grace: float,
     may_start: bool,
 ) -> None:
@@ -522,10 +545,10 @@ def _interrupt(
         version=iid,
         attempt=attempt,
         interrupt=merged,
+        cycle=record.started.isoformat(),
     )
     req = replace(req, name=pod_name(w.cr.metadata.name, w.node.name, req))
-    w.create.append(req)
-    w.keep.add(req.name)
+    w.start(req)
     w.out.emit(
         events.StageStarted,
         "interrupt",
@@ -541,7 +564,7 @@ def _interrupt(
 def _observe_interrupt(
     w: _Work,
     intr: InterruptRecord,
-    pods_by: Mapping[tuple[str, str, str, int], PodView],
+    pods_by: Mapping[PodKey, PodView],
     grace: float,
 ) -> None:
     iid = (
@@ -549,7 +572,10 @@ def _observe_interrupt(
         if all(p in w.packages for p in intr.packages)
         else ""
     )
-    pod = pods_by.get(("", INTERRUPT_STAGE, iid, intr.attempt))
+    pod = pods_by.get(("", INTERRUPT_STAGE, iid, intr.attempt, intr.started.isoformat()))
+    if pod is None:
+        # An interrupt started by a version that did not name its pods by their start.
+        pod = pods_by.get(("", INTERRUPT_STAGE, iid, intr.attempt, ""))
     if pod is not None:
         w.keep.add(pod.name)
     timeout = max(
@@ -566,11 +592,11 @@ def _observe_interrupt(
     failure: Reason | None = None
     if not done and pod is not None:
         failure = _pod_failure(pod, now=w.now, image_pull_grace_s=grace)
-        if failure is not None and intr.type == "reboot" and failure.code == "StageFailed":
+        if failure is not None and intr.type == "reboot" and failure.code == reasons.STAGE_FAILED:
             failure = None  # a reboot kills its own pod; only the boot ID counts
     if not done and failure is None and elapsed >= timeout:
         failure = Reason(
-            code="RebootTimeout" if intr.type == "reboot" else "InterruptTimeout",
+            code=reasons.REBOOT_TIMEOUT if intr.type == "reboot" else reasons.INTERRUPT_TIMEOUT,
             message=f"{intr.type} interrupt not complete after {timeout}s"
             + (" (boot ID unchanged or node not Ready)" if intr.type == "reboot" else ""),
             details={"timeoutSeconds": str(timeout), "bootIdBefore": intr.boot_id_before},
@@ -615,7 +641,9 @@ def _observe_interrupt(
         if r.cycle == "uninstall":
             _uninstalled(w, d)  # an uninstall has no post-interrupt stage
             continue
-        new = update(r, stage=POST_INTERRUPT, state="running", attempt=1, updated=w.now)
+        new = update(
+            r, stage=POST_INTERRUPT, state="running", attempt=1, updated=w.now, spec=d.spec_digest
+        )
         w.packages[n] = new
         _request_stage(w, d, new)
 
@@ -629,7 +657,7 @@ def _again(r: PackageRecord, now: datetime, **changes: object) -> PackageRecord:
 
 
 def _retry(
-    record: ExecutorRecord, desired: Mapping[str, Desired], checks: ValidatorRecord, now: datetime
+    record: ExecutorRecord, desired: Mapping[str, Desired], checks: progress.Verdicts, now: datetime
 ) -> ExecutorRecord:
     packages = dict(record.packages)
     interrupt = record.interrupt
@@ -637,7 +665,7 @@ def _retry(
         d = desired.get(name)
         if d is None or d.version != r.version:
             continue  # failures of versions no longer wanted do not count anyway
-        verdict = checks.checks.get(check_key(name, r.version, r.stage))
+        verdict = checks.get(check_key(name, r.version, r.stage))
         check_failed = (
             r.state == "succeeded"
             and verdict is not None
@@ -645,7 +673,7 @@ def _retry(
             and verdict.attempt == r.attempt
         )
         if r.state == "failed" or check_failed:
-            packages[name] = _again(r, now)
+            packages[name] = _again(r, now, spec=d.spec_digest)
     if interrupt is not None and interrupt.state == "failed":
         interrupt = None  # its packages, failed with it, start a new one as a new attempt
     return update(record, packages=packages, interrupt=interrupt)
@@ -674,6 +702,7 @@ def _rerun(
             interrupt_services=tuple(d.interrupt.services) if d.interrupt else (),
             cycle_config=d.config_digest,
             cycle_keys=progress.config_key_digests(d.config),
+            cycle_started=now,
         )
     else:
         new = _again(r, now, stage=_FIRST_STAGE[r.cycle])
@@ -685,19 +714,59 @@ def honour(
     requests: Requests,
     *,
     desired: Mapping[str, Desired],
-    checks: ValidatorRecord,
+    checks: progress.Verdicts,
     now: datetime,
 ) -> ExecutorRecord:
     """``record`` after the recovery requests newer than its mark, marked as honoured."""
-    for req in requests.after(record.honoured):
+
+    def step(rec: ExecutorRecord, req: Request) -> ExecutorRecord:
         match req.action:
             case "retry":
-                record = _retry(record, desired, checks, now)
+                return _retry(rec, desired, checks, now)
             case "reset":
-                record = ExecutorRecord()
+                return ExecutorRecord(reset_boot=rec.reset_boot)
             case "rerun":
-                record = _rerun(record, desired, req, now)
-    return update(record, honoured=requests.latest)
+                return _rerun(rec, desired, req, now)
+
+    return recovery.honour(record, requests, step)
+
+
+def forget(node: NodeFacts, cr: str) -> Decision:
+    """The NodeWright is gone: its record goes, unless it still tracks installed packages
+    (those without uninstall steps stay tracked, so a NodeWright of the same name created
+    later does not install them again); an undecodable one goes too."""
+    key = nodestate.key(nodestate.EXECUTOR, cr)
+    if key in node.malformed:
+        return Decision(record=Remove())
+    record = node.executor
+    if record == ExecutorRecord() or any(p.installed for p in record.packages.values()):
+        return Decision()
+    return Decision(record=Remove())
+
+
+def _rebooted(cr: api.NodeWright, node: NodeFacts, now: datetime, source: str) -> Decision | None:
+    """With ``spec.reapplyOnReboot``, a node that rebooted outside NodeWright since its
+    packages completed starts over, like after ``nodewright node reset``: the record keeps
+    only its mark and the typed cause (``reset_boot``), and ``node.rebooted`` says so."""
+    boot = recovery.rebooted(cr, node)
+    if not boot:
+        return None
+    out = events.Emitter(
+        cr=cr.metadata.name,
+        generation=cr.metadata.generation,
+        node=node.name,
+        now=now,
+        source=source,
+    )
+    out.emit(
+        events.NodeRebooted,
+        "rebooted",
+        boot,
+        boot_id_before=node.executor.boot_id,
+        boot_id=boot,
+    )
+    record = ExecutorRecord(honoured=node.executor.honoured, reset_boot=boot)
+    return Decision(record=Write(record), publish=tuple(out.events), requeue_after=0.0)
 
 
 def decide(
@@ -710,18 +779,25 @@ def decide(
     source: str = "executor",
     requests: Requests | None = None,
 ) -> Decision:
-    requests = requests or Requests()
+    requests = requests or node.requests
+    if nodestate.key(nodestate.EXECUTOR, cr.metadata.name) in node.malformed:
+        if recovery.reset_malformed(node, nodestate.EXECUTOR, cr.metadata.name):
+            return Decision(record=Remove(), requeue_after=0.0)
+        return Decision(problem="the executor record does not decode; reset the node")
     fresh = not node.executor.packages and node.executor.interrupt is None
     if requests.after(node.executor.honoured) and not fresh:
         honoured = honour(
             node.executor,
             requests,
             desired=progress.desired(cr),
-            checks=node.validator,
+            checks=node.validator.checks,
             now=now,
         )
         # Written alone; the next pass (at once) starts the new attempts and drops old pods.
-        return Decision(record=honoured, requeue_after=0.0)
+        return Decision(record=Write(honoured), requeue_after=0.0)
+    rebooted = _rebooted(cr, node, now, source)
+    if rebooted is not None:
+        return rebooted
     turn = progress.turn(cr, node)
     w = _Work(
         cr=cr,
@@ -732,13 +808,20 @@ def decide(
         interrupt=node.executor.interrupt,
     )
     mine = [p for p in node_pods if p.cr == cr.metadata.name and p.node == node.name]
-    pods_by = {(p.package, p.stage, p.version, p.attempt): p for p in mine if not p.deleting}
+    pods_by = {p.key: p for p in mine if not p.deleting}
     desired = progress.desired(cr)
     # The drainer and validator must have seen the same requests first: a reset restarts
     # the drain and forgets the node's validation.
-    behind = (node.drain is not None and node.drain.honoured < requests.latest) or (
-        node.validator != ValidatorRecord(honoured=node.validator.honoured)
-        and node.validator.honoured < requests.latest
+    validator_empty = progress.validation_blank(node)
+    behind = (
+        (node.drain is not None and node.drain.honoured < requests.latest)
+        or (not validator_empty and node.validator.honoured < requests.latest)
+        # After a reboot reset the validator must have forgotten that boot's validation.
+        or (
+            bool(node.executor.reset_boot)
+            and not validator_empty
+            and node.validator.reset_boot != node.executor.reset_boot
+        )
     )
     may_start = turn == "executor" and not cr.paused and not cr.disabled and not behind
     if turn in ("executor", "failed"):
@@ -753,13 +836,17 @@ def decide(
         # post-interrupt ran in it); reapplyOnReboot compares the node's with it.
         boot_id = node.boot_id
     new_record = ExecutorRecord(
-        packages=w.packages, interrupt=w.interrupt, honoured=mark, boot_id=boot_id
+        packages=w.packages,
+        interrupt=w.interrupt,
+        honoured=mark,
+        boot_id=boot_id,
+        reset_boot=node.executor.reset_boot,
     )
     if fresh and not new_record.packages and new_record.interrupt is None:
         new_record = node.executor  # nothing to write yet
     changed = new_record != node.executor
     return Decision(
-        record=new_record if changed else None,
+        record=Write(new_record) if changed else Keep(),
         create=tuple(w.create),
         delete=delete,
         publish=tuple(w.out.events),

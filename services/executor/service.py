@@ -1,25 +1,28 @@
 """The executor's async shell: caches, and carrying out the core's decisions on a node.
 
 For each (NodeWright, node) key it reads the cached CR, node and NodeWright pods on that
-node, asks :func:`services.executor.core.decide` what to do, then in this order writes the
-node's executor record (with the node's resourceVersion as precondition), brings the node's
-metadata ConfigMap up to date (:mod:`services.executor.metadata`: created before the first
-stage pod, rewritten whenever its content differs, deleted once the NodeWright is gone; the
-garbage collector deletes it with the Node), creates the package ConfigMap and pods
-(AlreadyExists is success: names are deterministic), deletes finished pods, and publishes
-the stage events. Any replica may handle any key; the precondition and deterministic names
-make a double run harmless.
+node, asks :func:`services.executor.core.decide` what to do, builds the pod manifests and
+hands the decision to the shared per-node shell (:func:`shared.nodeshell.apply`), which
+writes the node's executor record (with the node's resourceVersion as precondition, also
+before it creates pods when the record does not change), then — this service's own step —
+brings the node's metadata ConfigMap up to date (:mod:`services.executor.metadata`: created
+before the first stage pod, rewritten whenever its content differs, deleted once the
+NodeWright is gone; the garbage collector deletes it with the Node), creates the package
+ConfigMap and pods (AlreadyExists is success: names are deterministic), deletes finished
+pods, and publishes the stage events. Any replica may handle any key; the precondition and
+deterministic names make a double run harmless. Once the NodeWright is gone the executor
+removes its own record, unless it still tracks installed packages (``core.forget``).
 
 Keys that only have a metadata ConfigMap (a node done and released) keep it current and
 nothing else: the core decides only for nodes the executor is responsible for (admitted,
-carrying recovery requests, or running NodeWright pods).
+carrying recovery requests or the executor's record, or running NodeWright pods).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 import msgspec
 
@@ -27,7 +30,10 @@ from services.executor import core, metadata
 from services.executor.config import Settings
 from shared import (
     api,
+    durations,
+    nodeshell,
     nodestate,
+    outbox,
     pods,
     podspec as manifests,
     progress,
@@ -35,33 +41,36 @@ from shared import (
     streaming,
     subjects,
 )
-from shared.controller import Controller, NodeKey, PodIndex, patch_node
+from shared.controller import Controller, NodeKey, PodIndex
+from shared.decisions import NodeDecision, Remove, Write
 from shared.informer import Informer
 from shared.kube import JSON, ApiError, path_of
+from shared.records.executor import ExecutorRecord
 
 NAME = "executor"
 _log = logging.getLogger("nodewright.executor")
 
 NODEWRIGHTS = path_of(group=api.GROUP, version=api.VERSION, plural=api.NODEWRIGHT_PLURAL)
 NODES = path_of(plural="nodes")
-_KEYED_BY = (nodestate.SCHEDULER, nodestate.REQUESTS)
-"""A node is looked at for a CR when admitted, or when it carries recovery requests (a rerun
-on a finished, released node starts there)."""
+_KEYED_BY = (nodestate.SCHEDULER, nodestate.REQUESTS, nodestate.EXECUTOR)
+"""A node is looked at for a CR when admitted, when it carries recovery requests (a rerun
+on a finished, released node starts there), or when it carries the executor's record (a
+reboot with ``reapplyOnReboot`` starts there; a NodeWright that is gone leaves it to go)."""
+_KEYS_FROM = (*_KEYED_BY, outbox.PREFIX + nodestate.EXECUTOR)
+"""Keys also come from the executor's unpublished events (``shared.outbox``)."""
 
 
 class Executor:
     def __init__(self, ctx: runtime.ServiceContext, settings: Settings) -> None:
         self.ctx = ctx
         self.settings = settings.pods
-        self.pod_settings = manifests.PodSettings(
-            namespace=ctx.settings.namespace,
-            agent_image=self.settings.agent_image,
-            simulate=self.settings.simulate,
-            sim_stage_duration=self.settings.sim_stage_duration,
+        self.pod_settings = manifests.PodSettings.of(
+            namespace=ctx.settings.namespace, config=self.settings
         )
         self.publisher = streaming.Publisher(
             ctx.bus, source=f"{NAME}/{ctx.identity}", registry=ctx.registry
         )
+        self._stage_seconds = durations.stage_histogram(ctx.registry)
         self.controller: Controller[NodeKey] = Controller(
             ctx=ctx,
             name=NAME,
@@ -98,13 +107,18 @@ class Executor:
             ),
             to_keys=lambda e: [(e.cr, e.node)] if e.node else [],
         )
+        self.node_port = nodeshell.KubeNodes(ctx.kube, self.nodes)
+        self.object_port = nodeshell.KubeObjects(
+            ctx.kube, ctx.settings.namespace, pods=self.pods, on_pod=self.pod_index.on_change
+        )
+        self.bus_port = nodeshell.BusEvents(self.publisher)
 
     # ---- key mapping ------------------------------------------------------------------
 
     def all_keys(self) -> Iterable[NodeKey]:
         keys: set[NodeKey] = self.pod_index.keys() | self.metadata_index.keys()
         for node in self.nodes.values():
-            for owner in _KEYED_BY:
+            for owner in _KEYS_FROM:
                 for cr in nodestate.crs_with(node, owner):
                     keys.add((cr, node["metadata"]["name"]))
         return keys
@@ -125,7 +139,7 @@ class Executor:
             cr
             for o in (old, new)
             if o
-            for owner in _KEYED_BY
+            for owner in _KEYS_FROM
             for cr in nodestate.crs_with(o, owner)
         }
         return [(cr, name) for cr in crs | self.metadata_index.crs_on(name)]
@@ -141,14 +155,31 @@ class Executor:
     # ---- reconcile ----------------------------------------------------------------------
 
     async def reconcile(self, key: NodeKey) -> float | None:
+        # Events a writer (this replica or another, maybe dead) left in the outbox first;
+        # the work goes on whether or not NATS takes them now.
+        unpublished = await nodeshell.flush(
+            owner=nodestate.EXECUTOR,
+            cr=key[0],
+            node=key[1],
+            nodes=self.node_port,
+            bus=self.bus_port,
+        )
+        again = await self._reconcile(key)
+        if unpublished is None:
+            return again
+        return unpublished if again is None else min(again, unpublished)
+
+    async def _reconcile(self, key: NodeKey) -> float | None:
         cr_name, node_name = key
         raw_cr, raw_node = self.crs.get(cr_name), self.nodes.get(node_name)
         if raw_node is None:
             return None  # its pods and metadata ConfigMaps are garbage-collected with it
         if raw_cr is None:
-            # Pods are garbage-collected with the CR; the metadata ConfigMap is the Node's.
+            # Pods are garbage-collected with the CR; the metadata ConfigMap is the Node's,
+            # and the record is this service's to remove.
             await self._drop_metadata(key)
-            return None
+            gone = core.forget(progress.facts(raw_node, cr_name), cr_name)
+            return await self._apply(cr_name, raw_node, gone, [], [])
         try:
             cr = api.from_dict(raw_cr, api.NodeWright)
         except msgspec.ValidationError as exc:
@@ -171,56 +202,108 @@ class Executor:
             now=self.ctx.clock(),
             image_pull_grace_s=self.settings.image_pull_grace_s,
             source=self.publisher.source,
-            requests=nodestate.read_requests(raw_node, cr_name),
         )
-        if decision.record is not None and decision.record.honoured != facts.executor.honoured:
-            _log.info(
-                "Honoured recovery requests",
-                extra={
-                    "nodewright": cr_name,
-                    "node": node_name,
-                    "request": decision.record.honoured,
-                },
-            )
-        if decision.record is not None and not await self._write_record(
-            cr_name, node_name, decision.record
-        ):
-            return 0.5
-        if decision.record is None and decision.create and not await self._still_current(node_name):
-            # Creating a pod the record already says is running (it is missing from the pod
-            # cache): if another replica meanwhile recorded its result and deleted it, our
-            # node is stale and a create would run the stage twice. The precondition-only
-            # patch refuses a stale node; the next pass decides on fresh data.
-            return 0.5
-        stage_pods = any(req.role == "stage" for req in decision.create)
-        if not await self._sync_metadata(cr, raw_node, needed=stage_pods):
-            return 0.5  # no stage pod before its metadata: the next pass creates both
+        self._log_decision(cr_name, node_name, facts.executor, decision)
         annotations = nodestate.annotations_of(raw_node)
+        config_maps: list[JSON] = []
+        bodies: list[JSON] = []
         for req in decision.create:
-            await self._create(cr, node_name, annotations, req)
-        for name in decision.delete:
-            await self._delete(name)
-        for event in decision.publish:
-            await self.publisher.publish(event)
-        return decision.requeue_after
+            if req.role == "interrupt":
+                bodies.append(
+                    manifests.interrupt_pod(
+                        req,
+                        cr=cr,
+                        node=node_name,
+                        node_annotations=annotations,
+                        settings=self.pod_settings,
+                    )
+                )
+                continue
+            d = req.desired
+            assert d is not None
+            if d.config:
+                ns = self.ctx.settings.namespace
+                config_maps.append(manifests.config_map(cr, d.name, d.config_digest, d.config, ns))
+            bodies.append(
+                manifests.stage_pod(
+                    req,
+                    cr=cr,
+                    node=node_name,
+                    node_annotations=annotations,
+                    settings=self.pod_settings,
+                )
+            )
+        stage_pods = any(req.role == "stage" for req in decision.create)
 
-    async def _write_record(self, cr: str, node: str, record: nodestate.ExecutorRecord) -> bool:
-        cached = self.nodes.get(node)
-        if cached is None:
-            return False
-        body = nodestate.patch(
-            nodestate.EXECUTOR, cr, record, resource_version=cached["metadata"]["resourceVersion"]
+        async def metadata_first() -> bool:
+            # No stage pod before its metadata: the next pass creates both.
+            return await self._sync_metadata(cr, raw_node, needed=stage_pods)
+
+        def observe() -> None:
+            # Once per result: the write recording it landed.
+            for event in decision.publish:
+                took = durations.stage_seconds(event, facts)
+                if took is not None:
+                    self._stage_seconds.labels(*took[0]).observe(took[1])
+
+        return await self._apply(
+            cr_name, raw_node, decision, config_maps, bodies, metadata_first, observe
         )
-        return await patch_node(self.ctx.kube, self.nodes, node, body)
 
-    async def _still_current(self, node: str) -> bool:
-        """Whether the cached node is the stored one: a patch carrying nothing but its
-        resourceVersion (a no-op the API server refuses with 409 when the node changed)."""
-        cached = self.nodes.get(node)
-        if cached is None:
-            return False
-        body = {"metadata": {"resourceVersion": cached["metadata"]["resourceVersion"]}}
-        return await patch_node(self.ctx.kube, self.nodes, node, body)
+    def _log_decision(
+        self, cr: str, node: str, before: ExecutorRecord, decision: core.Decision
+    ) -> None:
+        where = {"nodewright": cr, "node": node}
+        if decision.problem:
+            _log.error("Cannot run packages on Node", extra={**where, "problem": decision.problem})
+        match decision.record:
+            case Write(record=ExecutorRecord() as after):
+                if after.honoured != before.honoured:
+                    _log.info(
+                        "Honoured recovery requests", extra={**where, "request": after.honoured}
+                    )
+                elif after.reset_boot and after.reset_boot != before.reset_boot:
+                    _log.info("Reset rebooted Node", extra={**where, "boot_id": after.reset_boot})
+            case Remove():
+                _log.info("Removed executor record from Node", extra=where)
+            case _:
+                pass
+
+    async def _apply(
+        self,
+        cr: str,
+        node: JSON,
+        decision: core.Decision,
+        config_maps: list[JSON],
+        bodies: list[JSON],
+        prepare: Callable[[], Awaitable[bool]] | None = None,
+        written: Callable[[], None] | None = None,
+    ) -> float | None:
+        """Carry out the core's decision through the shared per-node shell. Pods are only
+        created after a resourceVersion-checked write (``fence``): creating a pod the record
+        already says is running (it is missing from the pod cache) on a stale node could run
+        a stage twice, if another replica meanwhile recorded its result and deleted it. The
+        write's precondition is the version of ``node``, the one decided on."""
+        return await nodeshell.apply(
+            NodeDecision(
+                owner=nodestate.EXECUTOR,
+                cr=cr,
+                node=str(node["metadata"]["name"]),
+                observed_version=str(node["metadata"]["resourceVersion"]),
+                record=decision.record,
+                fence=True,
+                config_maps=tuple(config_maps),
+                create=tuple(bodies),
+                delete=nodeshell.pod_refs(self.pods, self.ctx.settings.namespace, decision.delete),
+                events=decision.publish,
+                requeue_after=decision.requeue_after,
+            ),
+            nodes=self.node_port,
+            objects=self.object_port,
+            bus=self.bus_port,
+            prepare=prepare,
+            written=written,
+        )
 
     # ---- the node metadata ConfigMap ----------------------------------------------------
 
@@ -270,46 +353,6 @@ class Executor:
         old = self.config_maps.get(f"{obj['metadata']['namespace']}/{obj['metadata']['name']}")
         self.config_maps.observe(obj)
         self.metadata_index.on_change(old, obj)
-
-    async def _create(
-        self,
-        cr: api.NodeWright,
-        node: str,
-        annotations: Mapping[str, str],
-        req: manifests.PodRequest,
-    ) -> None:
-        ns = self.ctx.settings.namespace
-        if req.role == "interrupt":
-            body = manifests.interrupt_pod(
-                req, cr=cr, node=node, node_annotations=annotations, settings=self.pod_settings
-            )
-        else:
-            d = req.desired
-            assert d is not None
-            if d.config:
-                cm = manifests.config_map(cr, d.name, d.config_digest, d.config, ns)
-                await self.ctx.kube.create_if_absent(path_of(plural="configmaps", namespace=ns), cm)
-            body = manifests.stage_pod(
-                req, cr=cr, node=node, node_annotations=annotations, settings=self.pod_settings
-            )
-        created = await self.ctx.kube.create_if_absent(path_of(plural="pods", namespace=ns), body)
-        if created is not None:
-            self.pods.observe(created)
-            self.pod_index.on_change(None, created)
-            _log.info(
-                "Created Pod",
-                extra={
-                    "pod": req.name,
-                    "nodewright": cr.metadata.name,
-                    "node": node,
-                    "package": req.package,
-                    "stage": req.stage,
-                },
-            )
-
-    async def _delete(self, name: str) -> None:
-        ns = self.ctx.settings.namespace
-        await self.ctx.kube.delete_if_present(path_of(plural="pods", namespace=ns, name=name))
 
 
 def _name_of(node: JSON) -> str:

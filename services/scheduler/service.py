@@ -1,20 +1,26 @@
-"""The scheduler's async shell: caches, leader election, and carrying out the core's plan.
+"""The scheduler's async shell: caches, leader election, and writing the rollout kernel's
+decisions.
 
-One replica holds the ``nodewright-scheduler`` Lease and acts; the others stand by, so two
-replicas never admit nodes against the same budget at once (a dead holder's lease expires
-and another replica takes over). For each NodeWright (the work key) it reads the cached CR,
-policy and nodes, what every other NodeWright holds (the admissions on the nodes: the
-cluster budget ``NODEWRIGHT_SCHEDULER_CLUSTER_BUDGET`` and a policy's ``sharedBudget`` are
-counted from them at decision time, so they survive crashes) and the priority order, asks
-:func:`services.scheduler.core.plan` what to do, writes the batch book to the CR
-(annotation ``scheduler.nodewright.nvidia.com/batches``, resourceVersion precondition),
-then each admission to the node (node resourceVersion precondition, written through to the
-cache so the next decision counts it), and publishes ``node.selected`` / ``node.completed``.
+One replica holds the ``nodewright-scheduler`` Lease and acts; the others stand by (a dead
+holder's lease expires and another replica takes over). For each NodeWright (the work key)
+it builds the kernel's :class:`shared.rollout.fleet.Fleet` from the caches (every
+NodeWright, policy and node, and its own settings: the cluster budget) and asks
+:func:`shared.rollout.fleet.decide`. Then, in this order, so that the budget holds at every
+instant whatever write is lost:
+
+1. it writes the releases (the node's resourceVersion as precondition) and, if any was
+   written, decides again on the cache it wrote through: a lost release still holds its slot;
+2. it writes the batch book on the CR (annotation ``scheduler.nodewright.nvidia.com/batches``,
+   the CR's resourceVersion as precondition) with the fence of the admissions to come; a
+   lost book write admits nothing;
+3. it writes each admission with the resourceVersion the fence recorded, and publishes
+   ``node.selected`` / ``node.completed`` for what was written.
+
 It also owns the NodeWright's finalizer: added before the first admission; on deletion the
-same plan admits nodes for their uninstalls, and once nothing of the CR is left on any node
-the leftovers are removed and then the finalizer.
-Decisions of all NodeWrights are serialized by one lock, so two CRs never both take the
-last slot of a shared budget. Deciding is the core's job.
+same decisions admit nodes for their uninstalls, and once nothing of the CR holds a node the
+finalizer goes (each service then removes its own records of the NodeWright). Decisions of
+all NodeWrights are serialized by one lock, so two CRs never both take the last slot of a
+shared budget. Deciding is the kernel's job.
 """
 
 from __future__ import annotations
@@ -26,13 +32,25 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from services.scheduler import core
+from services.scheduler import core, passing
 from services.scheduler.config import Settings
-from shared import api, events, nodestate, progress, runtime, streaming, subjects
+from shared import (
+    api,
+    events,
+    nodeshell,
+    nodestate,
+    outbox,
+    progress,
+    runtime,
+    streaming,
+    subjects,
+)
 from shared.controller import Controller, patch_node
 from shared.informer import Informer
 from shared.kube import JSON, ApiError, path_of
 from shared.leader import LeaderElector
+from shared.records.scheduler import Selection
+from shared.rollout import book as rollout_book, fleet, kernel
 
 NAME = "scheduler"
 _log = logging.getLogger("nodewright.scheduler")
@@ -48,6 +66,7 @@ class Scheduler:
         assert isinstance(ctx.settings, Settings)
         self.settings = ctx.settings.scheduler
         self._decide = asyncio.Lock()
+        self._facts = fleet.FactsCache()
         self.publisher = streaming.Publisher(
             ctx.bus, source=f"{NAME}/{ctx.identity}", registry=ctx.registry
         )
@@ -64,6 +83,8 @@ class Scheduler:
         self.crs: Informer = c.watch(NODEWRIGHTS, to_keys=self._cr_keys, name="nodewrights")
         self.policies: Informer = c.watch(POLICIES, to_keys=self._policy_keys, name="policies")
         self.nodes: Informer = c.watch(NODES, to_keys=self._node_keys, name="nodes")
+        self.node_port = nodeshell.KubeNodes(ctx.kube, self.nodes)
+        self.bus_port = nodeshell.BusEvents(self.publisher)
         c.consume(
             streaming.ConsumerSpec(
                 durable=NAME,
@@ -100,6 +121,8 @@ class Scheduler:
         ]
 
     def _node_keys(self, old: JSON | None, new: JSON | None) -> Iterable[str]:
+        if new is None and old is not None:
+            self._facts.forget(str(old["metadata"]["name"]))
         # Any node change may free or need a slot of any NodeWright; the queue coalesces.
         return self.all_crs()
 
@@ -118,101 +141,82 @@ class Scheduler:
             return None
         if progress.deleting(cr) and core.FINALIZER not in cr.metadata.finalizers:
             return None  # ours is done (or was never added): nothing left to do for it
-        policy = None
-        if cr.spec.deployment_policy:
-            raw_policy = self.policies.get(cr.spec.deployment_policy)
-            if raw_policy is None:
-                # Nothing new starts; finished nodes are still released.
-                async with self._decide:
-                    return await self._decide_for(cr, None, missing=True)
-            policy = api.from_dict(raw_policy, api.DeploymentPolicy)
+        await self._flush_outboxes(name)
+        # One decision at a time across NodeWrights: two must not take the last slot of a
+        # shared budget together. (A missing policy starts nothing new; releases go on.)
         async with self._decide:
-            return await self._decide_for(cr, policy, missing=False)
+            return await self._decide_for(cr)
 
-    async def _decide_for(
-        self, cr: api.NodeWright, policy: api.DeploymentPolicy | None, *, missing: bool
-    ) -> float | None:
-        name = cr.metadata.name
-        raw_nodes = list(self.nodes.values())
-        facts = [progress.facts(n, name) for n in raw_nodes]
-        finalizer = core.finalizer(cr, facts)
-        if finalizer.action == "add" and not await self._set_finalizers(
-            cr, [*cr.metadata.finalizers, core.FINALIZER]
-        ):
-            # No node is admitted before the finalizer is in place: a deletion racing the
-            # first admission still uninstalls and releases.
-            self.controller.queue.add(name, after=0.5)
-            return None
-        crs = self._decoded_crs()
-        plan = core.plan(
-            cr=cr,
-            policy=policy,
-            nodes=facts,
-            now=self.ctx.clock(),
-            book=progress.read_batch_book(cr.metadata.annotations),
-            caps=self._caps(cr, policy, crs, raw_nodes),
-            priority_waits=progress.priority_waits(cr, crs, raw_nodes),
-            policy_missing=missing,
+    async def _flush_outboxes(self, cr: str) -> None:
+        """Publish the admissions' and releases' events a scheduler (this one, or one that
+        died between the write and the publish) left in the nodes' outboxes."""
+        key = outbox.key(nodestate.SCHEDULER, cr)
+        for node in self.nodes.values():
+            if key in nodestate.annotations_of(node):
+                await self._flush(cr, str(node["metadata"]["name"]))
+
+    async def _flush(self, cr: str, node: str) -> None:
+        again = await nodeshell.flush(
+            owner=nodestate.SCHEDULER, cr=cr, node=node, nodes=self.node_port, bus=self.bus_port
         )
-        for note in plan.events:
+        if again is not None:
+            self.controller.queue.add(cr, after=again)
+
+    def _fleet(self) -> fleet.Fleet:
+        """The cluster as the kernel reads it, from the caches (per-node facts memoised by
+        resourceVersion)."""
+        return fleet.Fleet(
+            crs=self._decoded_crs(),
+            policies=self._decoded_policies(),
+            nodes=list(self.nodes.values()),
+            settings=fleet.Settings(cluster_budget=self.settings.cluster_budget),
+            facts_of=self._facts,
+            nodes_seen=self.nodes.progress,
+        )
+
+    async def _decide_for(self, cr: api.NodeWright) -> float | None:
+        """One pass for ``cr``: releases first, then the decision taken again on what was
+        written, then the batch book with its fence, then the admissions. A release or
+        admission that lost its write is not counted: a lost release keeps its slot in the
+        second decision, and an admission is only written after the book that fences it."""
+        name = cr.metadata.name
+        facts = [self._facts(n, name) for n in self.nodes.values()]
+        finalizer = core.finalizer(cr, facts)
+        if finalizer.action == "add":
+            written = await self._set_finalizers(cr, [*cr.metadata.finalizers, core.FINALIZER])
+            if written is None:
+                # No node is admitted before the finalizer is in place: a deletion racing the
+                # first admission still uninstalls and releases.
+                self.controller.queue.add(name, after=0.5)
+                return None
+            cr = written  # its resourceVersion is the one the book write must carry
+        now = self.ctx.clock()
+        writer = _PassWriter(self, cr)
+        outcome = await passing.run(lambda: fleet.decide(self._fleet(), cr, now), writer)
+        cr = writer.cr  # as the book write left it
+        for note in outcome.plan.events:
             _log.info("Changed batch state", extra={"nodewright": name, "change": note})
-        for node in plan.release:
-            await self._release(cr, node)
-        changed = plan.book != progress.read_batch_book(cr.metadata.annotations)
-        if changed and not await self._write_book(cr, plan.book):
-            self.controller.queue.add(name, after=0.5)
-            return None
-        for admit in plan.admit:
-            await self._admit(cr, admit)
-        if cr.spec.reapply_on_reboot:
-            await self._reapply_after_reboots(cr, raw_nodes, facts)
+        if outcome.lost:
+            self.controller.queue.add(name, after=0.5)  # lost writes: decide again soon
         if finalizer.action == "wait":
             _log.info(
                 "Waiting to finalize NodeWright",
                 extra={"nodewright": name, "pending": len(finalizer.pending)},
             )
-        elif finalizer.action == "remove" and not await self._finalize(cr, raw_nodes):
+        elif finalizer.action == "remove" and await self._set_finalizers(
+            cr, [f for f in cr.metadata.finalizers if f != core.FINALIZER]
+        ):
+            _log.info("Finalized NodeWright", extra={"nodewright": name})
+        elif finalizer.action == "remove":
             self.controller.queue.add(name, after=0.5)
             return None
         return self.ctx.settings.resync_interval_s
 
-    async def _reapply_after_reboots(
-        self, cr: api.NodeWright, raw_nodes: list[JSON], facts: list[progress.NodeFacts]
-    ) -> None:
-        """Nodes that rebooted since their packages completed start over: a reset request
-        (honoured by every service like ``nodewright node reset``) and ``node.rebooted``."""
-        name = cr.metadata.name
-        now = self.ctx.clock()
-        for raw, node in zip(raw_nodes, facts, strict=True):
-            requests = nodestate.read_requests(raw, name)
-            new = core.reboot_reset(cr, node, requests, now)
-            if new is None:
-                continue
-            body = nodestate.patch(
-                nodestate.REQUESTS, name, new, resource_version=raw["metadata"]["resourceVersion"]
-            )
-            if not await patch_node(self.ctx.kube, self.nodes, node.name, body):
-                self.controller.queue.add(name, after=0.5)
-                continue
-            _log.info(
-                "Reset rebooted Node",
-                extra={"nodewright": name, "node": node.name, "boot_id": node.boot_id},
-            )
-            await self.publisher.publish(
-                events.NodeRebooted(
-                    id=events.event_id(name, node.name, "rebooted", node.boot_id),
-                    at=now,
-                    cr=name,
-                    generation=cr.metadata.generation,
-                    node=node.name,
-                    source=self.publisher.source,
-                    boot_id_before=node.executor.boot_id,
-                    boot_id=node.boot_id,
-                )
-            )
-
-    async def _set_finalizers(self, cr: api.NodeWright, finalizers: list[str]) -> bool:
-        """Write the CR's finalizers; False if the CR changed meanwhile (decide again)."""
+    async def _set_finalizers(
+        self, cr: api.NodeWright, finalizers: list[str]
+    ) -> api.NodeWright | None:
+        """Write the CR's finalizers; the CR as written, or None if it changed meanwhile
+        (decide again)."""
         body = {
             "metadata": {
                 "resourceVersion": cr.metadata.resource_version,
@@ -223,28 +227,10 @@ class Scheduler:
             written = await self.ctx.kube.patch(f"{NODEWRIGHTS}/{cr.metadata.name}", body)
         except ApiError as exc:
             if exc.conflict or exc.not_found:
-                return False
+                return None
             raise
         self.crs.observe(written)
-        return True
-
-    async def _finalize(self, cr: api.NodeWright, raw_nodes: list[JSON]) -> bool:
-        """The deletion finished: remove the CR's leftovers from the nodes, then the
-        finalizer (the API server then deletes the CR). False if anything changed meanwhile;
-        every step is idempotent, so the next pass simply continues."""
-        name = cr.metadata.name
-        for node in raw_nodes:
-            body = core.cleanup_patch(node, name)
-            if body is not None and not await patch_node(
-                self.ctx.kube, self.nodes, str(node["metadata"]["name"]), body
-            ):
-                return False
-        if not await self._set_finalizers(
-            cr, [f for f in cr.metadata.finalizers if f != core.FINALIZER]
-        ):
-            return False
-        _log.info("Finalized NodeWright", extra={"nodewright": name})
-        return True
+        return api.from_dict(written, api.NodeWright)
 
     def _decoded_crs(self) -> list[api.NodeWright]:
         out = []
@@ -255,58 +241,27 @@ class Scheduler:
                 continue
         return out
 
-    def _caps(
-        self,
-        cr: api.NodeWright,
-        policy: api.DeploymentPolicy | None,
-        crs: list[api.NodeWright],
-        raw_nodes: list[JSON],
-    ) -> list[core.SharedCap]:
-        """The budgets shared with other NodeWrights, with the distinct nodes holding them
-        now: the admissions of every NodeWright on the nodes."""
-        caps: list[core.SharedCap] = []
-        held: dict[str, set[str]] = {}
-        for n in raw_nodes:
-            for owner in nodestate.crs_with(n, nodestate.SCHEDULER):
-                held.setdefault(owner, set()).add(str(n["metadata"]["name"]))
-        limit = self.settings.cluster_budget
-        if limit is not None:
-            holders = frozenset().union(*held.values()) if held else frozenset()
-            caps.append(
-                core.SharedCap(
-                    name="cluster budget",
-                    code=progress.CLUSTER_BUDGET_EXHAUSTED,
-                    limit=limit,
-                    holders=holders,
-                )
-            )
-        if policy is not None and policy.spec.shared_budget is not None:
-            peers = [o for o in crs if o.spec.deployment_policy == policy.metadata.name]
-            scope = {
-                str(n["metadata"]["name"])
-                for n in raw_nodes
-                for o in peers
-                if progress.selector_matches(
-                    o.spec.node_selectors, n["metadata"].get("labels") or {}
-                )
-            }
-            holders = frozenset(node for o in peers for node in held.get(o.metadata.name, set()))
-            caps.append(
-                core.SharedCap(
-                    name=f"sharedBudget of DeploymentPolicy {policy.metadata.name}",
-                    code=progress.SHARED_BUDGET_EXHAUSTED,
-                    limit=progress.budget_nodes(policy.spec.shared_budget, len(scope)),
-                    holders=holders,
-                )
-            )
-        return caps
+    def _decoded_policies(self) -> dict[str, api.DeploymentPolicy]:
+        out = {}
+        for raw in self.policies.values():
+            try:
+                policy = api.from_dict(raw, api.DeploymentPolicy)
+            except msgspec.ValidationError:
+                continue  # reads as missing: nothing new starts under it
+            out[policy.metadata.name] = policy
+        return out
 
-    async def _write_book(self, cr: api.NodeWright, book: progress.BatchBook) -> bool:
-        """Persist the batch book on the CR; False if the CR changed meanwhile."""
+    async def _write_book(
+        self, cr: api.NodeWright, book: rollout_book.BatchBook
+    ) -> api.NodeWright | None:
+        """Persist the batch book on the CR; the CR as written, or None if it changed
+        meanwhile."""
         body = {
             "metadata": {
                 "resourceVersion": cr.metadata.resource_version,
-                "annotations": {progress.BATCHES_ANNOTATION: progress.encode_batch_book(book)},
+                "annotations": {
+                    rollout_book.BATCHES_ANNOTATION: rollout_book.encode_batch_book(book)
+                },
             }
         }
         try:
@@ -314,13 +269,24 @@ class Scheduler:
         except ApiError as exc:
             if exc.conflict or exc.not_found:
                 _log.info("Skipped stale batch state write", extra={"nodewright": cr.metadata.name})
-                return False
+                return None
             raise
         self.crs.observe(written)
-        return True
+        return api.from_dict(written, api.NodeWright)
 
-    async def _write(self, cr: str, node: str, selection: nodestate.Selection | None) -> bool:
-        """Write (or remove) this CR's admission on the node; False if the node changed."""
+    async def _write(
+        self,
+        cr: str,
+        node: str,
+        selection: Selection | None,
+        *,
+        version: str = "",
+        event: events.Event | None = None,
+    ) -> bool:
+        """Write (or remove) this CR's admission on the node, preconditioned on ``version``
+        (default: the cached node's), with ``event`` in the scheduler's outbox in the same
+        write (published and cleared right after); False if the node changed (decide
+        again)."""
         cached = self.nodes.get(node)
         if cached is None:
             return False
@@ -328,64 +294,65 @@ class Scheduler:
             nodestate.SCHEDULER,
             cr,
             selection,
-            resource_version=cached["metadata"]["resourceVersion"],
+            resource_version=version or str(cached["metadata"]["resourceVersion"]),
         )
+        if event is not None:
+            before = outbox.pending(cached, nodestate.SCHEDULER, cr)
+            body["metadata"]["annotations"][outbox.key(nodestate.SCHEDULER, cr)] = outbox.value(
+                outbox.merged(before, [event])
+            )
         if await patch_node(self.ctx.kube, self.nodes, node, body):
+            if event is not None:
+                await self._flush(cr, node)
             return True
         self.controller.queue.add(cr, after=0.5)  # the node changed: decide again
         return False
 
-    async def _admit(self, cr: api.NodeWright, admit: core.Admit) -> None:
-        if not await self._write(cr.metadata.name, admit.node, admit.selection):
-            return
-        _log.info("Admitted Node", extra={"nodewright": cr.metadata.name, "node": admit.node})
-        desired = progress.desired(cr)
-        await self.publisher.publish(
-            events.NodeSelected(
+    async def _release(self, cr: api.NodeWright, release: kernel.Release) -> bool:
+        """Remove the admission; True once written (only then is its slot free)."""
+        completed = (
+            events.NodeCompleted(
                 id=events.event_id(
-                    cr.metadata.name,
-                    admit.node,
-                    "selected",
-                    admit.selection.selected_at.isoformat(),
+                    cr.metadata.name, release.node, "completed", progress.target_digest(cr)
                 ),
                 at=self.ctx.clock(),
                 cr=cr.metadata.name,
                 generation=cr.metadata.generation,
-                node=admit.node,
+                node=release.node,
                 source=self.publisher.source,
-                compartment=admit.selection.compartment,
-                batch=admit.selection.batch,
-                disruptive=admit.selection.disruptive,
-                packages=tuple(
-                    events.PackageRef(name=d.name, version=d.version) for d in desired.values()
-                ),
             )
+            if release.done
+            else None
         )
-
-    async def _release(self, cr: api.NodeWright, node: str) -> None:
-        cached = self.nodes.get(node)
-        if cached is None:
-            return
-        facts = progress.facts(cached, cr.metadata.name)
-        done = progress.node_done(cr, facts)
-        if not await self._write(cr.metadata.name, node, None):
-            return
+        if not await self._write(cr.metadata.name, release.node, None, event=completed):
+            return False
         _log.info(
-            "Released Node", extra={"nodewright": cr.metadata.name, "node": node, "done": done}
+            "Released Node",
+            extra={"nodewright": cr.metadata.name, "node": release.node, "done": release.done},
         )
-        if done:
-            await self.publisher.publish(
-                events.NodeCompleted(
-                    id=events.event_id(
-                        cr.metadata.name, node, "completed", progress.target_digest(cr)
-                    ),
-                    at=self.ctx.clock(),
-                    cr=cr.metadata.name,
-                    generation=cr.metadata.generation,
-                    node=node,
-                    source=self.publisher.source,
-                )
-            )
+        return True
+
+    def _selected(self, cr: api.NodeWright, admit: kernel.Admit) -> events.NodeSelected:
+        desired = progress.desired(cr)
+        return events.NodeSelected(
+            id=events.event_id(
+                cr.metadata.name,
+                admit.node,
+                "selected",
+                admit.selection.selected_at.isoformat(),
+            ),
+            at=self.ctx.clock(),
+            cr=cr.metadata.name,
+            generation=cr.metadata.generation,
+            node=admit.node,
+            source=self.publisher.source,
+            compartment=admit.selection.compartment,
+            batch=admit.selection.batch,
+            disruptive=admit.selection.disruptive,
+            packages=tuple(
+                events.PackageRef(name=d.name, version=d.version) for d in desired.values()
+            ),
+        )
 
     async def _on_leadership(self) -> None:
         while True:
@@ -393,6 +360,39 @@ class Scheduler:
             for name in self.all_crs():
                 self.controller.queue.add(name)
             await self.leader.lost_leadership.wait()
+
+
+class _PassWriter:
+    """:class:`services.scheduler.passing.Writer` for one pass over one NodeWright."""
+
+    def __init__(self, scheduler: Scheduler, cr: api.NodeWright) -> None:
+        self.scheduler, self.cr = scheduler, cr
+
+    def book(self) -> rollout_book.BatchBook:
+        return rollout_book.read_batch_book(self.cr.metadata.annotations)
+
+    async def write_release(self, release: kernel.Release) -> bool:
+        return await self.scheduler._release(self.cr, release)
+
+    async def write_book(self, book: rollout_book.BatchBook) -> bool:
+        if not self.scheduler.leader.is_leader:
+            return False  # lost the lease mid-pass: the new leader decides
+        written = await self.scheduler._write_book(self.cr, book)
+        if written is None:
+            return False
+        self.cr = written
+        return True
+
+    async def write_admission(self, admit: kernel.Admit) -> bool:
+        s = self.scheduler
+        name = self.cr.metadata.name
+        selected = s._selected(self.cr, admit)
+        if not await s._write(
+            name, admit.node, admit.selection, version=admit.resource_version, event=selected
+        ):
+            return False
+        _log.info("Admitted Node", extra={"nodewright": name, "node": admit.node})
+        return True
 
 
 async def build(ctx: runtime.ServiceContext) -> None:

@@ -5,11 +5,10 @@ phase (the fine-grained one of the status record and node condition), the coarse
 CR status counts, a machine-readable reason, the package concerned and since when:
 
 - whose turn it is comes from ``shared.progress.turn``, so every service agrees;
-- a node the scheduler has not admitted gets its reason from the scheduler's own rules,
-  shared in ``shared.progress``: ``ineligible`` (ignored, untolerated taints, a missing
-  DeploymentPolicy: Blocked; disabled, paused, NotReady: Waiting), then WaitingForPriority,
-  WaitingForWindow, CompartmentStopped (from the scheduler's batch book on the CR),
-  BudgetExhausted while its compartment's budget is full, else WaitingForBatch;
+- a node the scheduler has not admitted shows the rollout kernel's verdict
+  (``shared.rollout.kernel.Plan.nodes``: the same decision the scheduler takes, with the
+  same reasons and messages, naming the nodes that hold the slots); nothing here judges
+  budgets, batches, windows or priority;
 - a drain record that waits or is blocked makes the node Waiting or Blocked with the
   drainer's reason; any failed record makes it Failed with that record's reason; a record
   that does not decode makes it Blocked (NodeStateMalformed).
@@ -30,31 +29,13 @@ from typing import Any, Final
 
 import msgspec
 
-from shared import api, nodestate, progress
+from shared import api, nodestate, progress, reasons
 from shared.events import Reason
-from shared.nodestate import NodePhase, StatusRecord
 from shared.progress import NodeFacts
-
-DEFAULT_COMPARTMENT: Final = progress.DEFAULT_COMPARTMENT
-"""The compartment of nodes no policy compartment selects, as the scheduler records it."""
-
-# Machine-readable node reasons produced here (the others come from the services' records).
-COMPLETE: Final = "Complete"
-ADMITTED: Final = "Admitted"
-RELEASING: Final = "Releasing"
-UNCORDONING: Final = "Uncordoning"
-VALIDATING: Final = "Validating"
-WAITING_FOR_CHECK: Final = "WaitingForCheck"
-STAGE_PENDING: Final = "StagePending"
-INTERRUPTING: Final = "Interrupting"
-NODE_IGNORED: Final = "NodeIgnored"
-TAINT_NOT_TOLERATED: Final = "TaintNotTolerated"
-NODE_NOT_READY: Final = "NodeNotReady"
-NODE_STATE_MALFORMED: Final = "NodeStateMalformed"
-BUDGET_EXHAUSTED: Final = "BudgetExhausted"
-PAUSED: Final = "Paused"
-DISABLED: Final = "Disabled"
-NOT_TARGETED: Final = "NotTargeted"
+from shared.records.status import NodePhase, StatusRecord
+from shared.rollout import kernel
+from shared.rollout.book import CompartmentBatch
+from shared.rollout.rules import DEFAULT_COMPARTMENT
 
 STATE_OF: Final[Mapping[NodePhase, api.NodeState]] = {
     "Pending": "InProgress",
@@ -210,75 +191,48 @@ def _v(
     return _Verdict(phase, Reason(code=code, message=message), package, at)
 
 
-@dataclass(frozen=True)
-class _Fleet:
-    """What the scheduler's rules need to know about all target nodes."""
-
-    policy_missing: bool
-    limit: Mapping[str, int]
-    in_flight: Mapping[str, int]
-    assigned: Mapping[str, str]
-    stopped: Mapping[str, str]
-    """Stopped compartment -> why."""
-    window_open: bool
-    priority_waits: Mapping[str, str]
-
-
 def _failure(node: NodeFacts) -> _Verdict:
     """The first failure on the node, in a fixed order: drain, packages, interrupt, checks."""
     drain = node.drain
     if drain is not None and drain.phase == "failed":
         if drain.reason:
             return _Verdict("Failed", drain.reason, at=drain.since)
-        return _v("Failed", "DrainFailed", "the drain failed", at=drain.since)
+        return _v("Failed", reasons.DRAIN_FAILED, "the drain failed", at=drain.since)
     for name, rec in sorted(node.executor.packages.items()):
         if rec.state == "failed":
             if rec.reason:
                 return _Verdict("Failed", rec.reason, name, rec.updated)
             text = f"stage {rec.stage} of {name} {rec.version} failed"
-            return _v("Failed", "StageFailed", text, package=name, at=rec.updated)
+            return _v("Failed", reasons.STAGE_FAILED, text, package=name, at=rec.updated)
     intr = node.executor.interrupt
     if intr is not None and intr.state == "failed":
         names = ",".join(intr.packages)
         if intr.reason:
             return _Verdict("Failed", intr.reason, names, intr.started)
         text = f"the {intr.type} interrupt failed"
-        return _v("Failed", "InterruptFailed", text, package=names, at=intr.started)
+        return _v("Failed", reasons.INTERRUPT_FAILED, text, package=names, at=intr.started)
     for key, check in sorted(node.validator.checks.items()):
         if check.verdict == "failed":
             package = key.split("/", 1)[0]
             if check.reason:
                 return _Verdict("Failed", check.reason, package, check.at)
-            return _v("Failed", "CheckFailed", f"check {key} failed", package=package, at=check.at)
-    return _v("Failed", "Failed", "a record of the node failed")
+            return _v(
+                "Failed", reasons.CHECK_FAILED, f"check {key} failed", package=package, at=check.at
+            )
+    return _v("Failed", reasons.FAILED, "a record of the node failed")
 
 
-def _not_admitted(cr: api.NodeWright, node: NodeFacts, fleet: _Fleet) -> _Verdict:
-    """Why the scheduler has not admitted the node: its rules, in its order."""
-    reason = progress.ineligible(cr, node, policy_missing=fleet.policy_missing)
-    if reason is not None:
-        return _Verdict("Blocked" if reason.code in progress.BLOCKING else "Waiting", reason)
-    blocker = fleet.priority_waits.get(node.name)
-    if blocker:
-        text = f"waiting for NodeWright {blocker} (priority and sequencing)"
-        return _v("Waiting", api.NodeReason.WAITING_FOR_PRIORITY, text)
-    if not fleet.window_open:
-        text = "outside every maintenance window"
-        return _v("Waiting", api.NodeReason.WAITING_FOR_WINDOW, text)
-    comp = fleet.assigned.get(node.name, DEFAULT_COMPARTMENT)
-    if comp in fleet.stopped:
-        text = f"compartment {comp} stopped: {fleet.stopped[comp]}"
-        return _v("Waiting", progress.COMPARTMENT_STOPPED, text)
-    limit, in_flight = fleet.limit.get(comp, 0), fleet.in_flight.get(comp, 0)
-    if in_flight >= limit:
-        reason = Reason(
-            code=BUDGET_EXHAUSTED,
-            message=f"{in_flight} of {limit} budgeted nodes of compartment {comp} are busy",
-            details={"budget": str(limit), "inProgress": str(in_flight)},
-        )
-        return _Verdict("Waiting", reason)
-    text = f"waiting for the next batch of compartment {comp}"
-    return _v("Waiting", api.NodeReason.WAITING_FOR_BATCH, text)
+def _not_admitted(node: NodeFacts, plan: kernel.Plan) -> _Verdict:
+    """Why the scheduler has not admitted the node: the kernel's verdict, as it is."""
+    verdict = plan.nodes.get(node.name)
+    if verdict is None:
+        # Not in the decision (the node changed between the two reads): say what is known.
+        return _v("Waiting", reasons.WAITING_FOR_BATCH, "waiting to be admitted")
+    if verdict.blocked:
+        return _Verdict("Blocked", verdict.reason)
+    # A due node waits too: it is not admitted before the scheduler wrote it (its reason says
+    # it is being admitted).
+    return _Verdict("Waiting", verdict.reason)
 
 
 def _draining(node: NodeFacts) -> _Verdict:
@@ -287,19 +241,19 @@ def _draining(node: NodeFacts) -> _Verdict:
     if drain is None:
         where = f" into batch {sel.batch} of compartment {sel.compartment}" if sel else ""
         text = f"admitted{where}; waiting to be cordoned"
-        return _v("Pending", ADMITTED, text, at=sel.selected_at if sel else None)
+        return _v("Pending", reasons.ADMITTED, text, at=sel.selected_at if sel else None)
     if drain.reason is not None and drain.phase in ("waiting", "blocked"):
         return _Verdict(
             "Waiting" if drain.phase == "waiting" else "Blocked", drain.reason, "", drain.since
         )
     if drain.phase == "waiting":
         text = "waiting for protected pods to finish before the drain"
-        return _v("Waiting", api.NodeReason.WAITING_FOR_PROTECTED_PODS, text, at=drain.since)
+        return _v("Waiting", reasons.WAITING_FOR_PROTECTED_PODS, text, at=drain.since)
     if drain.phase == "blocked":
-        return _v("Blocked", api.NodeReason.DRAIN_BLOCKED, "evictions are refused", at=drain.since)
+        return _v("Blocked", reasons.DRAIN_BLOCKED, "evictions are refused", at=drain.since)
     if drain.reason is not None:
         return _Verdict("Draining", drain.reason, "", drain.since)
-    return _v("Draining", api.NodeReason.DRAINING, f"drain phase {drain.phase}", at=drain.since)
+    return _v("Draining", reasons.DRAINING, f"drain phase {drain.phase}", at=drain.since)
 
 
 def _executing(cr: api.NodeWright, node: NodeFacts) -> _Verdict:
@@ -307,7 +261,7 @@ def _executing(cr: api.NodeWright, node: NodeFacts) -> _Verdict:
     desired = progress.desired(cr)
     intr = node.executor.interrupt
     if intr is not None and intr.state == "running":
-        code = api.NodeReason.REBOOTING if intr.type == "reboot" else INTERRUPTING
+        code = reasons.REBOOTING if intr.type == "reboot" else reasons.INTERRUPTING
         names = ",".join(intr.packages)
         text = f"{intr.type} interrupt for {names or 'the packages'}"
         return _v("Running", code, text, package=names, at=intr.started)
@@ -315,108 +269,78 @@ def _executing(cr: api.NodeWright, node: NodeFacts) -> _Verdict:
     for name, rec in records:
         if rec.state == "running":
             text = f"stage {rec.stage} of {name} {rec.version} (attempt {rec.attempt})"
-            return _v("Running", api.NodeReason.STAGE_RUNNING, text, package=name, at=rec.updated)
+            return _v("Running", reasons.STAGE_RUNNING, text, package=name, at=rec.updated)
     for name, rec in records:
         if rec.state == "succeeded" and not progress.package_done(desired[name], rec):
             text = f"waiting for the check of stage {rec.stage} of {name} {rec.version}"
-            return _v("Running", WAITING_FOR_CHECK, text, package=name, at=rec.updated)
+            return _v("Running", reasons.WAITING_FOR_CHECK, text, package=name, at=rec.updated)
     if cr.disabled:
-        return _v("Waiting", DISABLED, "the NodeWright is disabled")
+        return _v("Waiting", reasons.DISABLED, "the NodeWright is disabled")
     if cr.paused:
-        return _v("Waiting", PAUSED, "the NodeWright is paused")
+        return _v("Waiting", reasons.PAUSED, "the NodeWright is paused")
     if not records:
         sel = node.selection
         text = "admitted; package stages have not started"
-        return _v("Pending", ADMITTED, text, at=sel.selected_at if sel else None)
-    return _v("Running", STAGE_PENDING, "the next stage has not started yet")
+        return _v("Pending", reasons.ADMITTED, text, at=sel.selected_at if sel else None)
+    return _v("Running", reasons.STAGE_PENDING, "the next stage has not started yet")
 
 
-def _verdict(cr: api.NodeWright, node: NodeFacts, fleet: _Fleet) -> _Verdict:
+def _verdict(cr: api.NodeWright, node: NodeFacts, plan: kernel.Plan) -> _Verdict:
     if node.malformed:
-        text = "annotations do not decode: " + ", ".join(node.malformed)
-        return _v("Blocked", NODE_STATE_MALFORMED, text)
+        text = (
+            "annotations do not decode: "
+            + ", ".join(node.malformed)
+            + "; run `nodewright node reset` on the node"
+        )
+        return _v("Blocked", reasons.NODE_STATE_MALFORMED, text)
     match progress.turn(cr, node):
         case "done":
             text = "every package is at its desired version"
-            return _v("Complete", COMPLETE, text, at=node.validator.at)
+            return _v("Complete", reasons.COMPLETE, text, at=node.validator.at)
         case "release":
             if node.drain is not None and node.drain.cordoned:
                 text = "validated; waiting for the cordon to be released"
-                return _v("Running", UNCORDONING, text, at=node.validator.at)
+                return _v("Running", reasons.UNCORDONING, text, at=node.validator.at)
             text = "validated; waiting for the admission to be released"
-            return _v("Running", RELEASING, text, at=node.validator.at)
+            return _v("Running", reasons.RELEASING, text, at=node.validator.at)
         case "failed":
             return _failure(node)
         case "scheduler":
-            return _not_admitted(cr, node, fleet)
+            return _not_admitted(node, plan)
         case "drainer":
             return _draining(node)
         case "executor":
             return _executing(cr, node)
         case "validator":
-            return _v("Validating", VALIDATING, "every package is done; validating the node")
-
-
-def fleet_of(
-    cr: api.NodeWright,
-    policy: api.DeploymentPolicy | None,
-    targets: Sequence[NodeFacts],
-    now: datetime,
-    priority_waits: Mapping[str, str],
-) -> _Fleet:
-    """The scheduler's view of all target nodes: compartments, budgets, stops, window."""
-    rules = progress.compartment_rules(cr, policy)
-    known = {r.name for r in rules}
-    assigned = progress.assign_compartments(rules, targets)
-    in_flight: dict[str, int] = {}
-    for f in targets:
-        if progress.busy(f):
-            comp = progress.compartment_of(f, assigned, known)
-            in_flight[comp] = in_flight.get(comp, 0) + 1
-    matched: dict[str, int] = {}
-    for comp in assigned.values():
-        matched[comp] = matched.get(comp, 0) + 1
-    book = progress.read_batch_book(cr.metadata.annotations)
-    windows = policy.spec.maintenance_windows if policy is not None else []
-    return _Fleet(
-        policy_missing=bool(cr.spec.deployment_policy) and policy is None,
-        limit={
-            r.name: progress.budget_nodes(r.rollout.budget, matched.get(r.name, 0)) for r in rules
-        },
-        in_flight=in_flight,
-        assigned=assigned,
-        stopped={
-            name: c.state.stop_message for name, c in book.compartments.items() if c.state.stopped
-        },
-        window_open=progress.in_window(windows, now),
-        priority_waits=priority_waits,
-    )
+            return _v(
+                "Validating", reasons.VALIDATING, "every package is done; validating the node"
+            )
 
 
 def assess(
     cr: api.NodeWright,
-    policy: api.DeploymentPolicy | None,
     nodes: Sequence[Observed],
     now: datetime,
-    priority_waits: Mapping[str, str] | None = None,
+    plan: kernel.Plan,
 ) -> list[NodeView]:
-    """The view of every given node for ``cr``, sorted by node name. Nodes that are not
-    targets get a NotTargeted view: they count only where packages are present."""
+    """The view of every given node for ``cr``, sorted by node name, with ``plan`` the
+    rollout kernel's decision for ``cr`` now. Nodes that are not targets get a NotTargeted
+    view: they count only where packages are present."""
     now = to_second(now)
     selector = cr.spec.node_selectors
     is_target = {o.name: progress.selector_matches(selector, o.facts.labels) for o in nodes}
-    targets = [o.facts for o in nodes if is_target[o.name]]
-    fleet = fleet_of(cr, policy, targets, now, priority_waits or {})
     views: list[NodeView] = []
     for obs in sorted(nodes, key=lambda o: o.name):
         f = obs.facts
-        compartment = fleet.assigned.get(f.name, DEFAULT_COMPARTMENT)
-        if f.selection is not None:
-            compartment = f.selection.compartment
+        # Where the kernel counts it (the admission's compartment while it still exists);
+        # a node that is no target counts nowhere and keeps its admission's name.
+        compartment = plan.counted.get(f.name) or (
+            f.selection.compartment if f.selection is not None else DEFAULT_COMPARTMENT
+        )
         if is_target[obs.name]:
-            verdict = _verdict(cr, f, fleet)
+            verdict = _verdict(cr, f, plan)
         else:
-            verdict = _v("Pending", NOT_TARGETED, "not selected by spec.nodeSelectors")
+            verdict = _v("Pending", reasons.NOT_TARGETED, "not selected by spec.nodeSelectors")
         reason = _bounded(verdict.reason)
         prev = obs.record
         if verdict.at is not None:
@@ -447,21 +371,12 @@ def assess(
 
 # ---- why a compartment waits ---------------------------------------------------------------
 #
-# Shared by the compartment status (services.status.core) and the CompartmentWaiting Events
-# (services.status.kube_events), so the two cannot tell different stories.
+# The kernel says why each compartment waits (``kernel.CompartmentPlan.waiting``). The
+# CompartmentWaiting Events (services.status.kube_events) compare what the nodes said before
+# with what they say now, with the kernel's own rule (``kernel.compartment_wait``), so the
+# two cannot tell different stories.
 
-COMPARTMENT_WAIT_REASONS: Final = (
-    progress.DISABLED,
-    progress.PAUSED,
-    progress.WAITING_FOR_PRIORITY,
-    progress.WAITING_FOR_WINDOW,
-    progress.BUDGET_EXHAUSTED,
-    progress.CLUSTER_BUDGET_EXHAUSTED,
-    progress.SHARED_BUDGET_EXHAUSTED,
-)
-"""Why a compartment starts nothing although nodes wait, the first that holds winning. A stop
-has its own fields and Event (CompartmentStopped); waiting for the batch in flight is the
-normal course of a rollout and is no reason; a NotReady node holds back only itself."""
+CompartmentWait = kernel.CompartmentWait
 
 
 @dataclass(frozen=True)
@@ -473,21 +388,7 @@ class PendingWait:
     message: str
 
 
-@dataclass(frozen=True)
-class CompartmentWait:
-    """The wait that holds a compartment back."""
-
-    code: str
-    """One of :data:`COMPARTMENT_WAIT_REASONS`."""
-    message: str
-    """The reason's message of :attr:`example`."""
-    example: str
-    """The first node by name that waits for this reason."""
-    nodes: int
-    """How many of the nodes looked at wait for this reason."""
-
-
-def batch_in_flight(entry: progress.CompartmentBatch | None) -> frozenset[str] | None:
+def batch_in_flight(entry: CompartmentBatch | None) -> frozenset[str] | None:
     """The nodes of the compartment's batch in flight; ``None`` between batches."""
     if entry is None or entry.state.batch_size == 0 or not entry.nodes:
         return None
@@ -501,23 +402,16 @@ def waiting_to_start(members: Sequence[NodeView]) -> list[NodeView]:
 
 def compartment_wait(
     pending: Sequence[PendingWait], batch_nodes: frozenset[str] | None
-) -> CompartmentWait | None:
-    """The wait that holds the compartment back: with a batch in flight (``batch_nodes``), a
-    wait of one of its members not admitted yet; between batches, a wait of any node. The
-    first of :data:`COMPARTMENT_WAIT_REASONS` that holds."""
-    relevant = [p for p in pending if batch_nodes is None or p.name in batch_nodes]
-    for code in COMPARTMENT_WAIT_REASONS:
-        hits = sorted((p for p in relevant if p.code == code), key=lambda p: p.name)
-        if hits:
-            return CompartmentWait(
-                code=code, message=hits[0].message, example=hits[0].name, nodes=len(hits)
-            )
-    return None
+) -> kernel.CompartmentWait | None:
+    """The kernel's rule (:func:`shared.rollout.kernel.compartment_wait`) over ``pending``."""
+    return kernel.compartment_wait(
+        [(p.name, Reason(code=p.code, message=p.message)) for p in pending], batch_nodes
+    )
 
 
 def wait_of(
-    members: Sequence[NodeView], entry: progress.CompartmentBatch | None
-) -> CompartmentWait | None:
+    members: Sequence[NodeView], entry: CompartmentBatch | None
+) -> kernel.CompartmentWait | None:
     """Why the compartment of ``members`` (whose batch book entry is ``entry``) waits now."""
     pending = [
         PendingWait(v.name, v.reason.code, v.reason.message) for v in waiting_to_start(members)

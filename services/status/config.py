@@ -19,6 +19,14 @@ class StatusSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     """Whether a brand-new event consumer replays the stream's history into Kubernetes Events.
     false: it starts at the stream's end, so installing the service does not raise a week of
     old Events. An existing consumer always resumes where it stopped."""
+    verbose_events: bool = False
+    """Also write a Kubernetes Event for every stream event (on its NodeWright, counted per
+    kind and node) and for each compartment's waits and completion. false: Events only for
+    what a person acts on or audits (docs/events.md, "Kubernetes Events"); the step-by-step
+    trail is the event stream either way."""
+    ui: bool = True
+    """Serve the read-only web page on the health port, under /ui/ (access: any Kubernetes
+    user who may list NodeWrights, by bearer token)."""
 
 
 class Settings(ServiceSettings, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -31,9 +31,12 @@ from typing import Any, Final, Literal
 
 from services.status import assessing
 from services.status.assessing import NodeView, Observed
-from shared import api, progress
-from shared.nodestate import StatusRecord
+from shared import api, progress, reasons
 from shared.progress import NodeFacts
+from shared.records.status import StatusRecord
+from shared.rollout import kernel
+from shared.rollout.book import read_batch_book
+from shared.rollout.rules import DEFAULT_COMPARTMENT, compartment_rules
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 
@@ -64,11 +67,24 @@ def compute_status(
     policy: api.DeploymentPolicy | None,
     node_facts: Sequence[NodeFacts | Observed],
     now: datetime,
+    plan: kernel.Plan | None = None,
 ) -> api.NodeWrightStatus:
-    """The status of ``cr`` from what the nodes say; ``cr.status`` is the previous status
-    (its conditions' lastTransitionTime and the compartments' batch state carry over)."""
+    """The status of ``cr`` from what the nodes say and the rollout kernel's decision
+    ``plan`` (None: the kernel's decision over these nodes alone, without the other
+    NodeWrights' shared budgets and priority); ``cr.status`` is the previous status (its
+    conditions' lastTransitionTime and the compartments' batch state carry over)."""
     observed = [n if isinstance(n, Observed) else Observed(facts=n) for n in node_facts]
-    return summarize(cr, policy, assessing.assess(cr, policy, observed, now), now)
+    if plan is None:
+        plan = kernel.plan(
+            cr=cr,
+            policy=policy,
+            nodes=[o.facts for o in observed],
+            book=read_batch_book(cr.metadata.annotations),
+            ctx=kernel.Context(
+                now=now, policy_missing=bool(cr.spec.deployment_policy) and policy is None
+            ),
+        )
+    return summarize(cr, policy, assessing.assess(cr, observed, now, plan), now, plan)
 
 
 def summarize(
@@ -76,8 +92,10 @@ def summarize(
     policy: api.DeploymentPolicy | None,
     views: Sequence[NodeView],
     now: datetime,
+    plan: kernel.Plan,
 ) -> api.NodeWrightStatus:
-    """The CR status from node views (``assessing.assess``); equal input, equal output."""
+    """The CR status from node views (``assessing.assess``) and the kernel's decision they
+    were assessed with; equal input, equal output."""
     now = assessing.to_second(now)
     targets = [v for v in views if v.target]
     by_state: dict[api.NodeState, int] = {}
@@ -91,7 +109,7 @@ def summarize(
         waiting=by_state.get("Waiting", 0),
         blocked=by_state.get("Blocked", 0),
     )
-    compartments = _compartments(cr, policy, targets)
+    compartments = _compartments(cr, policy, targets, plan)
     policy_missing = bool(cr.spec.deployment_policy) and policy is None
     state = _rollout_state(cr, counts, compartments)
     pending = sorted(
@@ -194,33 +212,32 @@ def _packages(cr: api.NodeWright, views: Sequence[NodeView]) -> list[api.Package
 
 
 def _compartments(
-    cr: api.NodeWright, policy: api.DeploymentPolicy | None, targets: Sequence[NodeView]
+    cr: api.NodeWright,
+    policy: api.DeploymentPolicy | None,
+    targets: Sequence[NodeView],
+    plan: kernel.Plan,
 ) -> list[api.CompartmentStatus]:
     """Progress per compartment: admitted nodes count where the scheduler admitted them, the
-    others where their labels assign them (``shared.progress``). The batch state is the
-    scheduler's, read from its batch book on the CR."""
-    rules = progress.compartment_rules(cr, policy)
-    known = {r.name for r in rules}
-    facts = [v.facts for v in targets]
-    assigned = progress.assign_compartments(rules, facts)
+    others where their labels assign them. Budget and waiting reason are the kernel's
+    (``plan``), the batch state the scheduler's, read from its batch book on the CR."""
+    rules = compartment_rules(cr, policy)
     members: dict[str, list[NodeView]] = {r.name: [] for r in rules}
     for v in targets:
-        members.setdefault(progress.compartment_of(v.facts, assigned, known), []).append(v)
-    budgets = {r.name: r.rollout.budget for r in rules}
-    book = progress.read_batch_book(cr.metadata.annotations)
+        members.setdefault(v.compartment, []).append(v)
+    book = read_batch_book(cr.metadata.annotations)
     out: list[api.CompartmentStatus] = []
     for name in sorted(members)[:_COMPARTMENTS_MAX]:
         nodes = members[name]
         states = [v.state for v in nodes]
         complete = states.count("Complete")
-        matched = sum(1 for c in assigned.values() if c == name)
+        decided = plan.compartment(name)
         entry = book.compartments.get(name)
-        wait = assessing.wait_of(nodes, entry)
+        wait = decided.waiting if decided is not None else None
         out.append(
             api.CompartmentStatus(
-                name=name[:63] or assessing.DEFAULT_COMPARTMENT,
+                name=name[:63] or DEFAULT_COMPARTMENT,
                 matched_nodes=len(nodes),
-                budget_nodes=progress.budget_nodes(budgets.get(name), matched),
+                budget_nodes=decided.budget if decided is not None else 0,
                 in_progress_nodes=states.count("InProgress"),
                 complete_nodes=complete,
                 failed_nodes=states.count("Failed"),
@@ -346,14 +363,14 @@ def _conditions(
     for ctype, names, text in (
         (
             api.ConditionType.TAINT_NOT_TOLERATED,
-            by_reason.get(assessing.TAINT_NOT_TOLERATED, []),
+            by_reason.get(reasons.TAINT_NOT_TOLERATED, []),
             "have taints not tolerated by spec.additionalTolerations",
         ),
-        (api.ConditionType.NODES_IGNORED, by_reason.get(assessing.NODE_IGNORED, []), "are ignored"),
+        (api.ConditionType.NODES_IGNORED, by_reason.get(reasons.NODE_IGNORED, []), "are ignored"),
         (api.ConditionType.DRAIN_BLOCKED, drain_blocked, "cannot be drained"),
         (
             api.ConditionType.NODE_STATE_MALFORMED,
-            by_reason.get(assessing.NODE_STATE_MALFORMED, []),
+            by_reason.get(reasons.NODE_STATE_MALFORMED, []),
             "carry NodeWright annotations that do not decode",
         ),
     ):
@@ -430,7 +447,7 @@ def _uninstall_conditions(
         )
     if not deleting:
         return out
-    malformed = sorted(v.name for v in targets if v.reason.code == assessing.NODE_STATE_MALFORMED)
+    malformed = sorted(v.name for v in targets if v.reason.code == reasons.NODE_STATE_MALFORMED)
     blocked: tuple[str, str] | None = None
     if cr.disabled:
         blocked = (
@@ -452,7 +469,7 @@ def _uninstall_conditions(
         )
     elif malformed:
         blocked = (
-            assessing.NODE_STATE_MALFORMED,
+            reasons.NODE_STATE_MALFORMED,
             f"{len(malformed)} nodes carry NodeWright annotations that do not decode: "
             f"{_node_list(malformed)}; run `nodewright node reset` on them",
         )

@@ -1,45 +1,62 @@
-"""Kubernetes Events for what happened on the bus and in each compartment's rollout, as
-request bodies: built here, created by the status shell.
+"""Kubernetes Events for what a person acts on or audits, as request bodies: built here,
+written by the status shell.
 
-- Every JetStream event becomes a core/v1 Event on its NodeWright and, for an event about a
-  node, a second one on the Node, so ``kubectl describe`` shows it on both. The reason is
-  the CamelCase of the kind (``StageFailed``, ``Cordoned``, ``NodeCompleted`` ...), the type
-  Warning for failures and blocked drains; the message names the NodeWright, node, package,
-  stage and the event's reason.
-- Every dead-lettered message becomes a Warning ``DeadLetteredEvent``: on the NodeWright its
-  original subject names, or, when that is unknown, on NodeWright's own namespace. The
-  payload may be garbage; only the headers and the subject are read.
-- Every transition of a compartment's rollout (:func:`compartment_changes`: BatchStarted,
-  BatchFinished, CompartmentStopped, CompartmentWaiting, CompartmentCompleted) becomes an
-  Event on the NodeWright, found by comparing the compartments and node reasons a status
-  pass is about to write with the ones the previous pass wrote; annotations on the Event
-  carry the compartment, batch and counts for tools.
+The step-by-step trail of a rollout is the event stream (docs/events.md); Kubernetes Events
+are kept for what someone looks at ``kubectl describe`` or ``kubectl get events`` for:
 
-Names are deterministic (a hash of what identifies the message, or the transition, and the
-object) so a redelivered message or a transition seen again creates nothing new: the API
-server answers 409. Messages are bounded.
-Events about cluster-scoped objects must live in namespace ``default``: without eventTime the
-API server accepts them nowhere else. Pure: no I/O; creating the Events is the shell's job.
+- a node that **failed** (``NodeFailed``, Warning), is **blocked** (``NodeBlocked``, Warning)
+  or **recovered** from either (``NodeRecovered``): :func:`node_changes`, from the phase the
+  node's status record had (the previous pass) to the one this pass computed; each on the
+  Node (``kubectl describe node``) and on the NodeWright;
+- a batch that **started** or **finished**, a compartment that **stopped** at its failure
+  gate (:func:`compartment_changes`), and the **rollout complete** (:func:`rollout_change`),
+  on the NodeWright;
+- every **dead letter** (``DeadLetteredEvent``, Warning), on the NodeWright its original
+  subject names, else on NodeWright's own namespace.
+
+A healthy rollout thus writes no Event about a node, and a few per batch. Verbose mode
+(``NODEWRIGHT_STATUS_VERBOSE_EVENTS=true``) adds one Event per stream event on the NodeWright
+(:func:`for_event`) and the compartment's waits and completions, for debugging.
+
+Events are ``events.k8s.io/v1`` Events, aggregated as that API intends: a recurrence of the
+same thing (the same node failing again, the same consumer dead-lettering again) is one
+Event whose ``series`` counts it (:func:`series_patch`), not a new one. Each Event's name is
+a hash of what it is a series of; the annotation :data:`ANNOTATION_OCCURRENCE` identifies the
+latest occurrence, so a redelivered message, a repeated pass or another replica seeing the
+same occurrence changes nothing. Events about cluster-scoped objects live in namespace
+``default`` (the API server accepts no other but kube-system). Pure: no I/O; writing is the
+shell's job.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Literal, assert_never
 
 from services.status import assessing
 from shared import api, events, nodestate, progress, subjects
-from shared.nodestate import StatusRecord
+from shared.records.status import StatusRecord
+from shared.rollout import book as batch_book
 
 EVENT_NAMESPACE: Final = "default"
 """Where Events about cluster-scoped objects (NodeWrights, Nodes) are created."""
+EVENTS_PATH: Final = "/apis/events.k8s.io/v1/namespaces/{namespace}/events"
+CONTROLLER: Final = "nodewright.nvidia.com/status"
+"""reportingController of every Event (a qualified name, as events.k8s.io/v1 requires)."""
 COMPONENT: Final = "nodewright-status"
+"""What the core/v1 view of an Event shows as its source component (older Events)."""
 LABEL_NODEWRIGHT: Final = f"{nodestate.DOMAIN}/nodewright"
 """Label on every Event this service creates about a NodeWright (its name)."""
+ANNOTATION_OCCURRENCE: Final = f"{nodestate.DOMAIN}/occurrence"
+"""The latest occurrence an Event counts (a hash): seen again, nothing changes."""
 DEAD_LETTERED: Final = "DeadLetteredEvent"
+NODE_FAILED: Final = "NodeFailed"
+NODE_BLOCKED: Final = "NodeBlocked"
+NODE_RECOVERED: Final = "NodeRecovered"
+ROLLOUT_COMPLETE: Final = "RolloutComplete"
 MESSAGE_MAX: Final = 1024
 
 EventType = Literal["Normal", "Warning"]
@@ -62,7 +79,7 @@ REASONS: Final[Mapping[str, str]] = {
     "node.rebooted": "NodeRebooted",
     "node.failed": "NodeFailed",
 }
-"""The Event reason of each event kind."""
+"""The Event reason of each event kind (verbose mode)."""
 
 WARNINGS: Final = frozenset(
     {
@@ -199,83 +216,111 @@ def describe(event: events.AnyEvent) -> str:
     return _truncate(f"NodeWright {event.cr}: {text}")
 
 
-def _timestamp(at: datetime) -> str:
+def micro_time(at: datetime) -> str:
+    """An events.k8s.io MicroTime: RFC 3339 in UTC with microseconds."""
     if at.tzinfo is None:
         at = at.replace(tzinfo=UTC)
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode(errors="replace")).hexdigest()[:16]
 
 
 def event_name(involved: Involved, key: str) -> str:
-    """A valid, deterministic Event name: the object's name and a hash of ``key``."""
-    digest = hashlib.sha256(
-        f"{involved.kind}\0{involved.name}\0{key}".encode(errors="replace")
-    ).hexdigest()[:16]
+    """A valid, deterministic Event name: the object's name and a hash of ``key``. The
+    object's UID is part of the hash: an object deleted and created again with the same name
+    is another object, and ``kubectl describe`` shows only the Events of its UID."""
+    digest = _digest(involved.kind, involved.name, involved.uid, key)
     prefix = involved.name[:200].rstrip(".-").lower()
     return f"{prefix}.{digest}" if prefix else digest
 
 
-def body(
-    *,
-    key: str,
-    involved: Involved,
-    namespace: str,
-    reason: str,
-    type_: EventType,
-    message: str,
-    at: datetime,
-    instance: str,
-    cr: str = "",
-    annotations: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """A core/v1 Event (the classic form: first/lastTimestamp and count, no eventTime)."""
-    stamp = _timestamp(at)
-    meta: dict[str, Any] = {"name": event_name(involved, key), "namespace": namespace}
-    if cr:
-        meta["labels"] = {LABEL_NODEWRIGHT: cr}
-    if annotations:
-        meta["annotations"] = dict(annotations)
-    return {
-        "apiVersion": "v1",
+@dataclass(frozen=True)
+class Occurrence:
+    """One thing that happened, to become (or to count in) one Event."""
+
+    regarding: Involved
+    reason: str
+    type_: EventType
+    action: str
+    """What NodeWright was doing (events.k8s.io ``action``)."""
+    note: str
+    series: str
+    """What it is one more of: the same ``series`` on the same object is one Event."""
+    occurrence: str
+    """Identifies this occurrence: seen again (a retry, a restart, another replica), it is
+    not counted again."""
+    at: datetime
+    namespace: str = EVENT_NAMESPACE
+    related: Involved | None = None
+    cr: str = ""
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+def body(occ: Occurrence, *, instance: str) -> dict[str, Any]:
+    """The events.k8s.io/v1 Event that first records ``occ``."""
+    meta: dict[str, Any] = {
+        "name": event_name(occ.regarding, occ.series),
+        "namespace": occ.namespace,
+        "annotations": {**occ.annotations, ANNOTATION_OCCURRENCE: _digest(occ.occurrence)},
+    }
+    if occ.cr:
+        meta["labels"] = {LABEL_NODEWRIGHT: occ.cr}
+    out: dict[str, Any] = {
+        "apiVersion": "events.k8s.io/v1",
         "kind": "Event",
         "metadata": meta,
-        "involvedObject": involved.ref(),
-        "reason": reason,
-        "message": _truncate(message),
-        "type": type_,
-        "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT,
+        "eventTime": micro_time(occ.at),
+        "reportingController": CONTROLLER,
         "reportingInstance": instance[:128],
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
+        "action": occ.action[:128],
+        "reason": occ.reason[:128],
+        "type": occ.type_,
+        "regarding": occ.regarding.ref(),
+        "note": _truncate(occ.note),
+    }
+    if occ.related is not None:
+        out["related"] = occ.related.ref()
+    return out
+
+
+def series_patch(existing: Mapping[str, Any], occ: Occurrence) -> dict[str, Any] | None:
+    """The merge patch that counts ``occ`` in the Event ``existing`` (its series and latest
+    occurrence), preconditioned on its resourceVersion; None when ``existing`` already
+    counts this occurrence."""
+    meta = existing.get("metadata") or {}
+    mark = _digest(occ.occurrence)
+    if (meta.get("annotations") or {}).get(ANNOTATION_OCCURRENCE) == mark:
+        return None
+    count = int(((existing.get("series") or {}).get("count")) or 1)
+    return {
+        "metadata": {
+            "resourceVersion": meta.get("resourceVersion"),
+            "annotations": {ANNOTATION_OCCURRENCE: mark},
+        },
+        # The note is immutable once created (the API server refuses a change): it tells
+        # the first occurrence, the series how many followed and when the last one was.
+        "series": {"count": count + 1, "lastObservedTime": micro_time(occ.at)},
     }
 
 
-def for_event(
-    event: events.AnyEvent, *, cr_uid: str = "", node_uid: str = "", instance: str
-) -> list[dict[str, Any]]:
-    """The Events one JetStream event raises: on its NodeWright, and on its Node if any."""
-    kind = event.kind
-    # `at` joins the id: the same fact re-published after the dedupe window is a new message.
-    key = f"{kind}\0{event.id}\0{event.at.isoformat()}"
-    targets = [nodewright_ref(event.cr, cr_uid)]
-    if event.node:
-        targets.append(node_ref(event.node, node_uid))
-    message = describe(event)
-    return [
-        body(
-            key=key,
-            involved=target,
-            namespace=EVENT_NAMESPACE,
-            reason=reason_of(kind),
-            type_=type_of(kind),
-            message=message,
-            at=event.at,
-            instance=instance,
-            cr=event.cr,
-        )
-        for target in targets
-    ]
+def for_event(event: events.AnyEvent, *, cr_uid: str = "", node_uid: str = "") -> Occurrence:
+    """Verbose mode: the Event one stream event raises, on its NodeWright (the node as
+    ``related``); one series per kind and node, so a node's stages count in one Event."""
+    return Occurrence(
+        regarding=nodewright_ref(event.cr, cr_uid),
+        related=node_ref(event.node, node_uid) if event.node else None,
+        reason=reason_of(event.kind),
+        type_=type_of(event.kind),
+        action=event.kind,
+        note=describe(event),
+        series=f"{event.kind}\0{event.node or ''}",
+        # `at` joins the id: the same fact re-published after the dedupe window is new.
+        occurrence=f"{event.kind}\0{event.id}\0{event.at.isoformat()}",
+        at=event.at,
+        cr=event.cr,
+    )
 
 
 @dataclass(frozen=True)
@@ -327,26 +372,123 @@ def for_dead_letter(
     cr_uid: str | None,
     fallback_namespace: str,
     at: datetime,
-    instance: str,
-) -> dict[str, Any]:
+) -> Occurrence:
     """The Warning Event of a dead letter: on the NodeWright its original subject names when
-    that NodeWright exists (``cr_uid`` not None), else on ``fallback_namespace``."""
+    that NodeWright exists (``cr_uid`` not None), else on ``fallback_namespace``. Dead letters
+    of one service about one kind count in one Event."""
     original = letter.original
     if original is not None and cr_uid is not None:
         involved, namespace, cr = nodewright_ref(original.cr, cr_uid), EVENT_NAMESPACE, original.cr
     else:
         involved, namespace, cr = namespace_ref(fallback_namespace), fallback_namespace, ""
-    return body(
-        key=key,
-        involved=involved,
-        namespace=namespace,
+    kind = original.kind if original is not None else "message"
+    return Occurrence(
+        regarding=involved,
         reason=DEAD_LETTERED,
         type_="Warning",
-        message=describe_dead_letter(letter),
+        action="HandleEvent",
+        note=describe_dead_letter(letter),
+        series=f"{letter.service}\0{kind}",
+        occurrence=key,
         at=at,
-        instance=instance,
+        namespace=namespace,
         cr=cr,
     )
+
+
+# ---- nodes that failed, are blocked, or recovered -------------------------------------------
+
+TROUBLE: Final = frozenset({"Failed", "Blocked"})
+
+
+def node_changes(
+    cr: api.NodeWright,
+    views: Sequence[assessing.NodeView],
+    observed: Sequence[assessing.Observed],
+    *,
+    at: datetime,
+) -> list[Occurrence]:
+    """The target nodes that failed, became blocked or recovered from either since the
+    previous pass (the phase of their status records, ``observed``), as Events on the Node
+    and on the NodeWright. Pure; ordered by node."""
+    name = cr.metadata.name
+    records: Mapping[str, StatusRecord | None] = {o.name: o.record for o in observed}
+    target = progress.target_digest(cr)
+    out: list[Occurrence] = []
+    for v in sorted(views, key=lambda v: v.name):
+        if not v.target:
+            continue
+        before = records.get(v.name)
+        was = before.phase if before is not None else None
+        type_: EventType
+        # A new failure while the last one is still on record (a retry the passes did not
+        # see running) is news too: its record gives another time.
+        again = before is not None and was == v.phase and before.since != v.since
+        if v.phase in TROUBLE and (was != v.phase or again):
+            reason, type_ = (NODE_FAILED if v.phase == "Failed" else NODE_BLOCKED), "Warning"
+            what = "failed" if v.phase == "Failed" else "is blocked"
+            note = f"NodeWright {name}: node {v.name} {what}: {_reason(v.reason)}"
+            if v.phase == "Failed":
+                note += f" (`nodewright node retry {v.name}` runs it again once fixed)"
+            ident = f"{v.phase}\0{v.reason.code}\0{v.since.isoformat()}"
+        elif was in TROUBLE and v.phase not in TROUBLE:
+            assert before is not None
+            reason, type_ = NODE_RECOVERED, "Normal"
+            note = (
+                f"NodeWright {name}: node {v.name} recovered: it was {was} "
+                f"({before.reason.code if before.reason else was}), now {v.phase} "
+                f"({v.reason.code})"
+            )
+            ident = f"recovered\0{was}\0{before.since.isoformat()}"
+        else:
+            continue
+        uid = cr.metadata.uid
+        for regarding, related in (
+            (node_ref(v.name), nodewright_ref(name, uid)),
+            (nodewright_ref(name, uid), node_ref(v.name)),
+        ):
+            out.append(
+                Occurrence(
+                    regarding=regarding,
+                    related=related,
+                    reason=reason,
+                    type_=type_,
+                    action="RolloutNode",
+                    note=note,
+                    series=f"{name}\0{v.name}\0{reason}",
+                    occurrence=f"{uid}\0{target}\0{v.name}\0{ident}",
+                    at=at,
+                    cr=name,
+                )
+            )
+    return out
+
+
+def rollout_change(
+    cr: api.NodeWright, status: api.NodeWrightStatus, *, at: datetime
+) -> list[Occurrence]:
+    """RolloutComplete when this pass found every target node complete and the previous one
+    did not; once per target (spec) and fleet size."""
+    if status.state != "Complete" or cr.status.state == "Complete":
+        return []
+    name = cr.metadata.name
+    counts = status.node_counts
+    return [
+        Occurrence(
+            regarding=nodewright_ref(name, cr.metadata.uid),
+            reason=ROLLOUT_COMPLETE,
+            type_="Normal",
+            action="Rollout",
+            note=_truncate(
+                f"NodeWright {name}: rollout complete: all {counts.target} target nodes run "
+                f"{status.package_list or 'its packages'}"
+            ),
+            series=f"complete\0{progress.target_digest(cr)}",
+            occurrence=f"{cr.metadata.uid}\0{progress.target_digest(cr)}\0{counts.target}",
+            at=at,
+            cr=name,
+        )
+    ]
 
 
 # ---- per-compartment Events ------------------------------------------------------------------
@@ -371,6 +513,9 @@ COMPARTMENT_REASONS: Final = (
     COMPARTMENT_COMPLETED,
 )
 """The reasons of per-compartment Events, in the order one pass raises them."""
+VERBOSE_ONLY: Final = frozenset({COMPARTMENT_WAITING, COMPARTMENT_COMPLETED})
+"""Compartment transitions raised only in verbose mode: a wait is shown by the status (and
+the node reasons), a compartment's completion by the rollout's."""
 
 ANNOTATION_COMPARTMENT: Final = f"{nodestate.DOMAIN}/compartment"
 """Annotation on every per-compartment Event: the compartment (an annotation, because
@@ -402,7 +547,7 @@ class CompartmentChange:
     annotations: Mapping[str, str]
 
 
-def _epoch(cr: api.NodeWright, book: progress.BatchBook) -> str:
+def _epoch(cr: api.NodeWright, book: batch_book.BatchBook) -> str:
     """What a batch number is unique within: the NodeWright object, the target its nodes move
     to, and the last batch-state reset by command (the other resets come with a new target,
     or after completion)."""
@@ -438,13 +583,13 @@ def compartment_changes(
       was reset on completion;
     - CompartmentStopped (Warning): the failure threshold was reached;
     - CompartmentWaiting: the reason the compartment starts nothing changed to one of
-      ``assessing.COMPARTMENT_WAIT_REASONS`` (no Event when the wait ends: the next
+      ``shared.reasons.COMPARTMENT_WAITS`` (no Event when the wait ends: the next
       BatchStarted says so);
     - CompartmentCompleted: every node of the compartment is complete.
 
     Pure; ordered by compartment, then as :data:`COMPARTMENT_REASONS`."""
     name = cr.metadata.name
-    book = progress.read_batch_book(cr.metadata.annotations)
+    book = batch_book.read_batch_book(cr.metadata.annotations)
     epoch = _epoch(cr, book)
     previous = {c.name: c for c in cr.status.compartments}
     records = {o.name: o.record for o in observed}
@@ -483,7 +628,7 @@ def _batch_changes(
     prev: api.CompartmentStatus,
     cur: api.CompartmentStatus,
     members: Sequence[assessing.NodeView],
-    entry: progress.CompartmentBatch | None,
+    entry: batch_book.CompartmentBatch | None,
     cr: api.NodeWright,
 ) -> list[CompartmentChange]:
     p, c = prev.batch, cur.batch
@@ -592,7 +737,7 @@ def _waiting_changes(
     prev: api.CompartmentStatus,
     cur: api.CompartmentStatus,
     members: Sequence[assessing.NodeView],
-    entry: progress.CompartmentBatch | None,
+    entry: batch_book.CompartmentBatch | None,
     records: Mapping[str, StatusRecord | None],
 ) -> list[CompartmentChange]:
     comp = cur.name
@@ -636,20 +781,20 @@ def _waiting_changes(
 
 
 def for_compartment_changes(
-    cr: api.NodeWright, changes: Sequence[CompartmentChange], *, at: datetime, instance: str
-) -> list[dict[str, Any]]:
-    """The Events of the changes, on the NodeWright."""
+    cr: api.NodeWright, changes: Sequence[CompartmentChange], *, at: datetime
+) -> list[Occurrence]:
+    """The Events of the changes, on the NodeWright; each transition is its own series."""
     involved = nodewright_ref(cr.metadata.name, cr.metadata.uid)
     return [
-        body(
-            key=change.key,
-            involved=involved,
-            namespace=EVENT_NAMESPACE,
+        Occurrence(
+            regarding=involved,
             reason=change.reason,
             type_=change.type_,
-            message=change.message,
+            action="RunBatch" if change.reason in (BATCH_STARTED, BATCH_FINISHED) else "Rollout",
+            note=change.message,
+            series=change.key,
+            occurrence=change.key,
             at=at,
-            instance=instance,
             cr=cr.metadata.name,
             annotations=change.annotations,
         )

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Final, get_args
 
 from services.status.assessing import NodeView
-from shared import api, progress
+from shared import api
+from shared.rollout import rules
 
 PREFIX: Final = "nodewright_"
 
@@ -84,24 +85,22 @@ STATUS: Final = Family(
     "1 for the NodeWright's current status.state, 0 for every other state",
     (*_NW, "status"),
 )
-NODE_STATUS_COUNT: Final = Family(
-    f"{PREFIX}node_status_count", "Target nodes per state (status.nodeCounts)", (*_NW, "status")
+NODES: Final = Family(
+    f"{PREFIX}nodes", "Target nodes per state (status.nodeCounts)", (*_NW, "status")
 )
-NODE_TARGET_COUNT: Final = Family(
-    f"{PREFIX}node_target_count", "Nodes matching spec.nodeSelectors", _NW
-)
-PACKAGE_STATE_COUNT: Final = Family(
-    f"{PREFIX}package_state_count",
+TARGET_NODES: Final = Family(f"{PREFIX}target_nodes", "Nodes matching spec.nodeSelectors", _NW)
+PACKAGE_NODES: Final = Family(
+    f"{PREFIX}package_nodes",
     "Nodes per state of a package version (status.packages[])",
     (*_PKG, "state"),
 )
-PACKAGE_STAGE_COUNT: Final = Family(
-    f"{PREFIX}package_stage_count",
+PACKAGE_STAGE_NODES: Final = Family(
+    f"{PREFIX}package_stage_nodes",
     "Nodes whose record of a package version is at this stage (current or last)",
     (*_PKG, "stage"),
 )
-PACKAGE_RESTARTS_COUNT: Final = Family(
-    f"{PREFIX}package_restarts_count",
+PACKAGE_RESTARTS: Final = Family(
+    f"{PREFIX}package_restarts",
     "Runs beyond the first of the current or last stage of a package version, summed over nodes",
     _PKG,
 )
@@ -143,11 +142,11 @@ ROLLOUT_STOPPED: Final = Family(
 
 FAMILIES: Final[tuple[Family, ...]] = (
     STATUS,
-    NODE_STATUS_COUNT,
-    NODE_TARGET_COUNT,
-    PACKAGE_STATE_COUNT,
-    PACKAGE_STAGE_COUNT,
-    PACKAGE_RESTARTS_COUNT,
+    NODES,
+    TARGET_NODES,
+    PACKAGE_NODES,
+    PACKAGE_STAGE_NODES,
+    PACKAGE_RESTARTS,
     ROLLOUT_MATCHED_NODES,
     ROLLOUT_BUDGET_NODES,
     ROLLOUT_IN_PROGRESS,
@@ -193,8 +192,8 @@ def samples(
         for state in get_args(api.RolloutState)
     ]
     counts = status.node_counts
-    out.extend(_sample(NODE_STATUS_COUNT, count(counts), name, s) for s, count in _NODE_STATES)
-    out.append(_sample(NODE_TARGET_COUNT, counts.target, name))
+    out.extend(_sample(NODES, count(counts), name, s) for s, count in _NODE_STATES)
+    out.append(_sample(TARGET_NODES, counts.target, name))
     out.extend(_packages(name, status.packages, views))
     out.extend(_rollouts(cr, policy, status.compartments))
     return out
@@ -224,15 +223,14 @@ def _packages(
             "uninstalling": p.uninstalling_nodes,
         }
         out.extend(
-            _sample(PACKAGE_STATE_COUNT, values[s], name, p.name, p.version, s)
-            for s in PACKAGE_STATES
+            _sample(PACKAGE_NODES, values[s], name, p.name, p.version, s) for s in PACKAGE_STATES
         )
     for pkg, version in listed:
         out.extend(
-            _sample(PACKAGE_STAGE_COUNT, stages.get((pkg, version, s), 0), name, pkg, version, s)
+            _sample(PACKAGE_STAGE_NODES, stages.get((pkg, version, s), 0), name, pkg, version, s)
             for s in STAGES
         )
-    out.extend(_sample(PACKAGE_RESTARTS_COUNT, restarts[key], name, *key) for key in listed)
+    out.extend(_sample(PACKAGE_RESTARTS, restarts[key], name, *key) for key in listed)
     return out
 
 
@@ -243,8 +241,8 @@ def _rollouts(
 ) -> list[Sample]:
     """Rollout series for exactly the compartments status.compartments lists."""
     strategies = {
-        r.name: progress.strategy_kind(r.rollout) or NO_STRATEGY
-        for r in progress.compartment_rules(cr, policy)
+        r.name: rules.strategy_kind(r.rollout) or NO_STRATEGY
+        for r in rules.compartment_rules(cr, policy)
     }
     policy_name = cr.spec.deployment_policy or NO_POLICY
     return [

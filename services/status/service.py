@@ -12,12 +12,17 @@ removes its status records and conditions from the nodes. Each pass also replace
 NodeWright's Prometheus gauges (``services.status.metrics``) served on ``/metrics``; they go
 with the NodeWright.
 
-Events are nudges: the consumer of ``nw.ev.>`` creates the Kubernetes Events each event
-raises (``services.status.kube_events``) and acks after a status pass of the CR that started
-after it. A second, raw consumer reads the dead-letter subjects ``nw.dlq.>`` and raises a
-Warning Event for each message, whatever its payload; it never dead-letters anything itself.
-Any replica may do any of it: writes are preconditioned and Event names deterministic.
-Deciding is the core's job.
+Events are nudges: the consumer of ``nw.ev.>`` queues a status pass of the CR and acks (the
+pass is level-based, and the periodic resync repeats it: waiting for a whole pass per event
+is what let the consumer fall behind during large rollouts). Kubernetes Events
+(``services.status.kube_events``) are written for what a person acts on or audits: nodes
+that failed, are blocked or recovered, batches that started or finished, a stopped
+compartment, a complete rollout (each found by a status pass), and dead letters (a second,
+raw consumer of ``nw.dlq.>`` reads every message, whatever its payload; it never
+dead-letters anything itself); verbose mode adds one per stream event, written before the
+ack. They are events.k8s.io/v1 Events, counted in a series when the same thing recurs. The
+web page (``services.status.webpage``) is served on the health port. Any replica may do any
+of it: writes are preconditioned and Event names deterministic. Deciding is the core's job.
 """
 
 from __future__ import annotations
@@ -26,23 +31,21 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import msgspec
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
 from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily
 
-from services.status import assessing, core, kube_events, metrics
+from services.status import assessing, core, kube_events, metrics, webpage
 from services.status.config import Settings
 from shared import api, events, nodestate, progress, runtime, streaming, subjects
-from shared.bus import Bus
 from shared.controller import Controller, patch_node
 from shared.informer import Informer, strip_managed_fields
 from shared.kube import JSON, ApiError, path_of
+from shared.rollout import fleet
 
 NAME = "status"
 DEAD_LETTER_CONSUMER = f"{NAME}-dead-letters"
@@ -54,7 +57,6 @@ NODES = path_of(plural="nodes")
 
 _CONDITION_PREFIX = f"{nodestate.DOMAIN}/"
 _RECORD_OWNERS = (nodestate.SCHEDULER, nodestate.DRAINER, nodestate.EXECUTOR, nodestate.VALIDATOR)
-_REBIND_BACKOFF_MAX_S = 10.0
 
 
 def _uid(obj: Mapping[str, Any] | None) -> str:
@@ -144,10 +146,12 @@ class Status:
             NODES, to_keys=self._node_keys, name="nodes", transform=_slim_node
         )
         self._selectors: dict[str, tuple[str, api.LabelSelector | None]] = {}
+        self._facts = fleet.FactsCache()
         self._kube_events = Counter(
             "nodewright_status_kube_events",
-            "Kubernetes Events this service created, by type and whether it existed already",
-            ["type", "duplicate"],
+            "Kubernetes Events written, by type and outcome: created, counted in an existing "
+            "Event's series, or a duplicate (already counted)",
+            ["type", "outcome"],
             registry=ctx.registry,
         )
         self._writes = Counter(
@@ -166,6 +170,8 @@ class Status:
                     durable=NAME,
                     filter_subjects=(f"{subjects.EVENTS}.>",),
                     deliver_new_only=new_only,
+                    batch=64,
+                    concurrency=64,
                 ),
                 handler=self._on_event,
                 service=ctx.name,
@@ -173,7 +179,7 @@ class Status:
                 registry=ctx.registry,
             )
         )
-        self.dead_letters = DeadLetterReader(
+        self.dead_letters = streaming.RawConsumer(
             bus=ctx.bus,
             spec=streaming.ConsumerSpec(
                 durable=DEAD_LETTER_CONSUMER,
@@ -190,6 +196,14 @@ class Status:
         self.ctx.supervisor.add(
             f"consumer:{DEAD_LETTER_CONSUMER}", self.dead_letters.run, graceful=True
         )
+        if self.settings.ui:
+            webpage.WebPage(
+                access=webpage.Access(kube=self.ctx.kube),
+                feed=webpage.Feed(bus=self.ctx.bus),
+                crs=self.crs.values,
+                nodes=self.nodes.values,
+                stopping=self.ctx.supervisor.stopping,
+            ).register(self.ctx.pages)
 
     # ---- key mapping ------------------------------------------------------------------
 
@@ -238,6 +252,8 @@ class Status:
         return selector
 
     def _node_keys(self, old: JSON | None, new: JSON | None) -> Iterable[str]:
+        if new is None and old is not None:
+            self._facts.forget(str(old["metadata"]["name"]))
         if old is not None and new is not None and _signature(old) == _signature(new):
             return []
         keys: set[str] = set()
@@ -278,9 +294,19 @@ class Status:
         for other in self.crs.values():
             with contextlib.suppress(msgspec.ValidationError):
                 crs.append(api.from_dict(other, api.NodeWright))
-        waits = progress.priority_waits(cr, crs, list(self.nodes.values()))
-        views = assessing.assess(cr, policy, observed, now, waits)
-        status = core.summarize(cr, policy, views, now)
+        policies = {} if policy is None else {policy.metadata.name: policy}
+        # The scheduler's own decision, taken on this replica's caches: the reasons shown
+        # are the ones it acts on (the cluster budget as the scheduler recorded it).
+        world = fleet.Fleet(
+            crs=crs,
+            policies=policies,
+            nodes=list(self.nodes.values()),
+            settings=fleet.recorded_settings(crs),
+            facts_of=self._facts,
+        )
+        plan = fleet.decide(world, cr, now)
+        views = assessing.assess(cr, observed, now, plan)
+        status = core.summarize(cr, policy, views, now, plan)
         updates = core.node_updates(name, views, observed, now)
         nodes_ok = status_ok = False
         try:
@@ -290,6 +316,7 @@ class Status:
             status_ok = await self._write_status(name, raw, cr, status)
         self.gauges.latest[name] = metrics.samples(cr, policy, status, views)
         await self._compartment_events(cr, status, views, observed, status_written=status_ok)
+        await self._rollout_events(cr, status, views, observed, status_written=status_ok)
         if not (nodes_ok and status_ok):
             return 0.5
         return self.ctx.settings.resync_interval_s
@@ -417,17 +444,47 @@ class Status:
 
     # ---- Kubernetes Events ----------------------------------------------------------------
 
-    async def _create_event(self, body: JSON) -> None:
-        """Create one Event; one that exists already (a redelivery) is success."""
-        path = path_of(plural="events", namespace=body["metadata"]["namespace"])
-        created = await self.ctx.kube.create_if_absent(path, body)
-        self._kube_events.labels(body["type"], str(created is None).lower()).inc()
+    async def _record(self, occ: kube_events.Occurrence) -> None:
+        """Write one Event: create it, or count the occurrence in the series of the Event that
+        exists (re-read and retried on a conflict); one already counted changes nothing."""
+        body = kube_events.body(occ, instance=self.ctx.identity)
+        path = kube_events.EVENTS_PATH.format(namespace=body["metadata"]["namespace"])
+        if await self.ctx.kube.create_if_absent(path, body) is not None:
+            self._kube_events.labels(occ.type_, "created").inc()
+            return
+        named = f"{path}/{body['metadata']['name']}"
+        for _ in range(3):
+            try:
+                existing = await self.ctx.kube.get(named)
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
+                # Expired (the API server keeps Events an hour) since we tried: start again.
+                if await self.ctx.kube.create_if_absent(path, body) is not None:
+                    self._kube_events.labels(occ.type_, "created").inc()
+                    return
+                continue
+            patch = kube_events.series_patch(existing, occ)
+            if patch is None:
+                self._kube_events.labels(occ.type_, "duplicate").inc()
+                return
+            try:
+                await self.ctx.kube.patch(named, patch)
+            except ApiError as exc:
+                if exc.conflict:
+                    continue  # another replica counted something meanwhile: look again
+                raise
+            self._kube_events.labels(occ.type_, "aggregated").inc()
+            return
+        self._kube_events.labels(occ.type_, "duplicate").inc()
 
-    async def _create_events(self, bodies: list[JSON], what: str) -> streaming.Outcome | None:
-        """Create the Events; an outcome other than None says to stop there."""
+    async def _create_events(
+        self, occurrences: list[kube_events.Occurrence], what: str
+    ) -> streaming.Outcome | None:
+        """Write the Events; an outcome other than None says to stop there."""
         try:
-            for body in bodies:
-                await self._create_event(body)
+            for occ in occurrences:
+                await self._record(occ)
         except ApiError as exc:
             if _temporary(exc):
                 return streaming.Retry(why=f"creating the Event: {exc}", delay_s=5.0)
@@ -437,6 +494,37 @@ class Status:
                 extra={"about": what, "status": exc.status, "error": exc.message},
             )
         return None
+
+    async def _rollout_events(
+        self,
+        cr: api.NodeWright,
+        status: api.NodeWrightStatus,
+        views: list[assessing.NodeView],
+        observed: list[assessing.Observed],
+        *,
+        status_written: bool,
+    ) -> None:
+        """The nodes that failed, are blocked or recovered in this pass, and the rollout's
+        completion (only once the status saying so is written: a stale pass sees it again)."""
+        now = self.ctx.clock()
+        occurrences = kube_events.node_changes(cr, views, observed, at=now)
+        if status_written:
+            occurrences += kube_events.rollout_change(cr, status, at=now)
+        if not occurrences:
+            return
+        if await self._create_events(occurrences, "rollout") is not None:
+            _log.warning(
+                "Lost rollout Events",
+                extra={"nodewright": cr.metadata.name, "events": len(occurrences)},
+            )
+            return
+        _log.info(
+            "Reported rollout changes",
+            extra={
+                "nodewright": cr.metadata.name,
+                "reasons": sorted({o.reason for o in occurrences}),
+            },
+        )
 
     async def _compartment_events(
         self,
@@ -452,6 +540,8 @@ class Status:
         pass to what it wrote. A failure loses Events, never status: the next pass compares
         against what this one wrote."""
         changes = kube_events.compartment_changes(cr, status.compartments, views, observed)
+        if not self.settings.verbose_events:
+            changes = [c for c in changes if c.reason not in kube_events.VERBOSE_ONLY]
         if not status_written:
             # The CR changed meanwhile: its previous status may be stale, and the re-run sees
             # the same batch transitions again. The node records were written, though, so the
@@ -460,9 +550,7 @@ class Status:
             changes = [c for c in changes if c.reason == kube_events.COMPARTMENT_WAITING]
         if not changes:
             return
-        bodies = kube_events.for_compartment_changes(
-            cr, changes, at=self.ctx.clock(), instance=self.ctx.identity
-        )
+        bodies = kube_events.for_compartment_changes(cr, changes, at=self.ctx.clock())
         if await self._create_events(bodies, "compartment") is not None:
             _log.warning(
                 "Lost compartment Events",
@@ -480,18 +568,20 @@ class Status:
     async def _on_event(
         self, event: events.AnyEvent, delivery: streaming.Delivery
     ) -> streaming.Outcome:
-        bodies = kube_events.for_event(
-            event,
-            cr_uid=_uid(self.crs.get(event.cr)),
-            node_uid=_uid(self.nodes.get(event.node)) if event.node else "",
-            instance=self.ctx.identity,
-        )
-        stop = await self._create_events(bodies, event.kind)
-        if stop is not None:
-            return stop
-        if await self.controller.queue.reconcile_now(event.cr):
-            return streaming.Ack()
-        return streaming.Retry(why="status pass failed; it is retried with backoff", delay_s=5.0)
+        if self.settings.verbose_events:
+            occ = kube_events.for_event(
+                event,
+                cr_uid=_uid(self.crs.get(event.cr)),
+                node_uid=_uid(self.nodes.get(event.node)) if event.node else "",
+            )
+            stop = await self._create_events([occ], event.kind)
+            if stop is not None:
+                return stop
+        # The status is level-based (every pass reads the nodes), so a queued pass is enough.
+        # Waiting for a whole pass of the CR per event let the consumer fall behind by
+        # thousands of events during a large rollout (a pass reads every node of the CR).
+        self.controller.queue.add(event.cr)
+        return streaming.Ack()
 
     async def _on_dead_letter(self, msg: Msg) -> streaming.Outcome:
         headers = msg.headers or {}
@@ -512,7 +602,6 @@ class Status:
             cr_uid=_uid(cr_raw) if cr_raw is not None else None,
             fallback_namespace=self.ctx.settings.namespace,
             at=meta.timestamp,
-            instance=self.ctx.identity,
         )
         stop = await self._create_events([body], "dead letter")
         if stop is not None:
@@ -526,81 +615,6 @@ class Status:
             },
         )
         return streaming.Ack()
-
-
-@dataclass
-class DeadLetterReader:
-    """A durable pull consumer of the dead-letter subjects that hands every message, decoded
-    or not, to ``report``. Unlike :class:`shared.streaming.Consumer` it never dead-letters:
-    a message it cannot report is dropped after ``max_deliver`` attempts, with an error log."""
-
-    bus: Bus
-    spec: streaming.ConsumerSpec
-    report: Callable[[Msg], Awaitable[streaming.Outcome]]
-    stopping: asyncio.Event
-
-    async def run(self) -> None:
-        delay = 0.2
-        while not self.stopping.is_set():
-            try:
-                await streaming.ensure_stream(self.bus.js, self.bus.settings)
-                await self.bus.js.add_consumer(self.bus.settings.stream, self.spec.config())
-                sub = await self.bus.js.pull_subscribe_bind(
-                    durable=self.spec.durable, stream=self.bus.settings.stream
-                )
-                delay = 0.2
-                try:
-                    await self._pull(sub)
-                finally:
-                    with contextlib.suppress(Exception):
-                        await sub.unsubscribe()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if self.stopping.is_set():
-                    return
-                _log.warning(
-                    "Re-binding JetStream consumer",
-                    extra={"consumer": self.spec.durable, "error": repr(exc), "retry_s": delay},
-                )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.stopping.wait(), delay)
-                delay = min(delay * 2, _REBIND_BACKOFF_MAX_S)
-
-    async def _pull(self, sub: JetStreamContext.PullSubscription) -> None:
-        while not self.stopping.is_set():
-            try:
-                msgs = await sub.fetch(self.spec.batch, timeout=1.0)
-            except TimeoutError:
-                # nats-py raises its own TimeoutError or asyncio's, depending on the moment.
-                continue
-            for msg in msgs:
-                await self._handle(msg)
-
-    async def _handle(self, msg: Msg) -> None:
-        deliveries = msg.metadata.num_delivered
-        try:
-            outcome = await self.report(msg)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            _log.exception("Failed to report dead letter", extra={"subject": msg.subject})
-            outcome = streaming.Retry(why=repr(exc), delay_s=5.0)
-        match outcome:
-            case streaming.Ack():
-                await msg.ack()
-            case streaming.Retry(why=why, delay_s=delay_s):
-                if deliveries >= self.spec.max_deliver:
-                    _log.error(
-                        "Dropped dead letter after retries",
-                        extra={"subject": msg.subject, "why": why, "attempt": deliveries},
-                    )
-                    await msg.term()
-                else:
-                    await msg.nak(delay=delay_s)
-            case streaming.Reject(why=why):
-                _log.error("Dropped dead letter", extra={"subject": msg.subject, "why": why})
-                await msg.term()
 
 
 async def build(ctx: runtime.ServiceContext) -> None:

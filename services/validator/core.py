@@ -25,7 +25,10 @@ For one (NodeWright, node) pair:
 - recovery requests (``shared.nodestate.Request``) newer than the record's ``honoured``
   mark are honoured first (:func:`honour`): reset forgets every verdict and the node's
   validation, rerun forgets the node's validation (it is validated again afterwards),
-  retry needs nothing here (the executor's new attempts make the failed verdicts stale).
+  retry needs nothing here (the executor's new attempts make the failed verdicts stale);
+  a reset also removes a record that does not decode; a reboot reset (the executor's typed
+  cause ``ExecutorRecord.reset_boot``) forgets verdicts and validation once per boot;
+- once the NodeWright is gone its record goes (:func:`forget`).
 
 Pure: no I/O, ``now`` passed in. Which nodes to look at (the key mapping) and the patches
 are the shell's job.
@@ -39,12 +42,14 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any, Final
 
-from shared import api, events, nodestate, pods, progress
+from shared import api, events, nodestate, pods, progress, reasons, recovery
+from shared.decisions import Keep, RecordChange, Remove, Work, Write
 from shared.events import Reason
-from shared.nodestate import CheckRecord, Requests, ValidatorRecord, check_key
-from shared.pods import PodView
+from shared.nodestate import Request, Requests, check_key
+from shared.pods import PodKey, PodView
 from shared.podspec import PodRequest
 from shared.progress import NodeFacts
+from shared.records.validator import CheckRecord, ValidatorRecord
 
 CHECKED_STAGES = frozenset({"apply", "upgrade", "config", "post-interrupt", "uninstall"})
 _TAIL = 512
@@ -70,7 +75,7 @@ _NO_ANNOTATIONS: Final[Mapping[str, str]] = MappingProxyType({})
 
 @dataclass(frozen=True)
 class Decision:
-    record: ValidatorRecord | None = None
+    record: RecordChange = field(default_factory=Keep)
     create: tuple[PodRequest, ...] = ()
     delete: tuple[str, ...] = ()
     publish: tuple[events.Event, ...] = ()
@@ -81,35 +86,33 @@ class Decision:
     boot_id: str = ""
     """The node's boot ID when :attr:`add_readiness_taint`."""
     requeue_after: float | None = None
+    problem: str = ""
+    """Why nothing can be decided (for the shell to log), e.g. an undecodable record."""
 
-
-@dataclass
-class _Work:
-    cr: api.NodeWright
-    node: NodeFacts
-    now: datetime
-    source: str
-    checks: dict[str, CheckRecord]
-    create: list[PodRequest] = field(default_factory=list)
-    keep: set[str] = field(default_factory=set)
-    out: events.Emitter = field(init=False)
-    requeue: float | None = None
-
-    def __post_init__(self) -> None:
-        self.out = events.Emitter(
-            cr=self.cr.metadata.name,
-            generation=self.cr.metadata.generation,
-            node=self.node.name,
-            now=self.now,
-            source=self.source,
+    @property
+    def changes_node(self) -> bool:
+        return (
+            not isinstance(self.record, Keep)
+            or self.remove_readiness_taint
+            or self.add_readiness_taint
         )
 
-    def later(self, seconds: float) -> None:
-        self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
+
+@dataclass(kw_only=True)
+class _Work(Work):
+    """The validator's pass: the check verdicts as they change."""
+
+    checks: dict[str, CheckRecord]
 
 
 def _request(
-    w: _Work, d: progress.Desired, stage: str, version: str, attempt: int, previous: str = ""
+    w: _Work,
+    d: progress.Desired,
+    stage: str,
+    version: str,
+    attempt: int,
+    previous: str = "",
+    cycle: str = "",
 ) -> PodRequest:
     req = PodRequest(
         role="check",
@@ -121,6 +124,7 @@ def _request(
         previous=previous,
         desired=d,
         node_order=w.node.selection.order if w.node.selection is not None else None,
+        cycle=cycle,
     )
     return replace(
         req,
@@ -132,6 +136,7 @@ def _request(
             stage=stage,
             version=version,
             attempt=attempt,
+            cycle=cycle,
         ),
     )
 
@@ -143,19 +148,22 @@ def _verdict_from_pod(
     if pod.phase == "Succeeded":
         return CheckRecord(verdict="passed", at=now, attempt=pod.attempt)
     if pod.phase == "Failed":
+        said, details = pods.agent_outcome(pod)
         return CheckRecord(
             verdict="failed",
             at=now,
             attempt=pod.attempt,
             reason=Reason(
-                code="CheckFailed",
-                message=f"check {pod.stage}-check of {pod.package} {pod.version} failed "
-                f"(exit code {pod.exit_code}): {pod.message[-_TAIL:]}".rstrip(": "),
+                code=reasons.CHECK_FAILED,
+                message=(
+                    f"check {pod.stage}-check of {pod.package} {pod.version} failed "
+                    f"(exit code {pod.exit_code}): {said}".rstrip(": ")
+                )[:_TAIL],
                 objects=ref,
-                details={"exitCode": str(pod.exit_code)},
+                details={"exitCode": str(pod.exit_code), **details},
             ),
         )
-    pull = pods.image_pull_failure(pod, now=now, grace_s=grace)
+    pull = pods.start_failure(pod, now=now, grace_s=grace)
     if pull is not None:
         return CheckRecord(verdict="failed", at=now, reason=pull, attempt=pod.attempt)
     if (now - started).total_seconds() >= timeout:
@@ -164,7 +172,7 @@ def _verdict_from_pod(
             at=now,
             attempt=pod.attempt,
             reason=Reason(
-                code="CheckTimeout",
+                code=reasons.CHECK_TIMEOUT,
                 message=f"check {pod.stage}-check of {pod.package} ran longer than {timeout}s",
                 objects=ref,
                 details={"timeoutSeconds": str(timeout)},
@@ -173,9 +181,7 @@ def _verdict_from_pod(
     return None
 
 
-def _checks(
-    w: _Work, check_pods: dict[tuple[str, str, str, int], PodView], grace: float, may_start: bool
-) -> None:
+def _checks(w: _Work, check_pods: Mapping[PodKey, PodView], grace: float, may_start: bool) -> None:
     desired = progress.desired(w.cr)
     wanted: set[str] = set()
     for name, r in sorted(w.node.executor.packages.items()):
@@ -190,25 +196,25 @@ def _checks(
         if r.state != "succeeded":
             continue
         v = w.checks.get(key)
+        cycle = r.cycle_started.isoformat() if r.cycle_started is not None else ""
+        pod_key = (name, r.stage, r.version, r.attempt, cycle)
         if v is not None and v.verdict != "running":
             if v.verdict == "failed":
-                pod = check_pods.get((name, r.stage, r.version, r.attempt))
+                pod = check_pods.get(pod_key)
                 if pod is not None:
                     w.keep.add(pod.name)  # kept for its logs until a retry
             continue
-        req = _request(w, d, r.stage, r.version, r.attempt, r.previous)
-        pod = check_pods.get((name, r.stage, r.version, r.attempt))
+        req = _request(w, d, r.stage, r.version, r.attempt, r.previous, cycle)
+        pod = check_pods.get(pod_key)
         if v is None:
             if not may_start:
                 continue
             w.checks[key] = CheckRecord(verdict="running", at=w.now, attempt=r.attempt)
-            w.create.append(req)
-            w.keep.add(req.name)
+            w.start(req)
             continue
         if pod is None:
             if may_start:
-                w.create.append(req)  # lost or never created: same deterministic name
-                w.keep.add(req.name)
+                w.start(req)  # lost or never created: same deterministic name
             continue
         w.keep.add(pod.name)
         timeout = d.spec.stage_timeout_seconds or w.cr.spec.stage_timeout_seconds
@@ -270,7 +276,7 @@ def auto_taint_due(
     created: str,
     annotations: Mapping[str, str],
     boot_id: str = "",
-    requests: Requests | None = None,
+    reset_boot: str = "",
     done: bool = False,
 ) -> bool:
     """The node (its labels, taints, ``creationTimestamp`` and annotations) is new to ``cr``
@@ -284,9 +290,9 @@ def auto_taint_due(
     scheduler may admit a new node, and the executor start on it, before the validator gets
     to add the taint; its packages are not in place yet, so the taint is still due.
 
-    Rebooted (``boot_id``) means the scheduler asked for the reset a reboot causes in this
-    boot (``requests``, see ``nodestate.reboot_requester``), the node is not ``done`` with
-    its packages again yet, and it was not tainted in this boot before (the mark
+    Rebooted (``boot_id``) means the executor reset the node for this boot
+    (``reset_boot``: the typed cause ``ExecutorRecord.reset_boot``), the node is not ``done``
+    with its packages again yet, and it was not tainted in this boot before (the mark
     :data:`AUTO_TAINTED_BOOT`): on an ephemeral OS image the host lost NodeWright's changes,
     so workloads stay off until they are back (the reference's open issue #180).
     """
@@ -302,8 +308,7 @@ def auto_taint_due(
     if not progress.selector_matches(spec.node_selectors, labels):
         return False
     if spec.reapply_on_reboot and boot_id and not done:
-        by = nodestate.reboot_requester(boot_id)
-        rebooted = requests is not None and any(r.by == by for r in requests.requests)
+        rebooted = reset_boot == boot_id
         if rebooted and annotations.get(AUTO_TAINTED_BOOT) != boot_id:
             return True
     if AUTO_TAINTED in annotations or done:
@@ -328,21 +333,25 @@ def lift_orphaned_taint(
 
 def honour(record: ValidatorRecord, requests: Requests) -> ValidatorRecord:
     """``record`` after the recovery requests newer than its mark, marked as honoured."""
-    for req in requests.after(record.honoured):
+
+    def step(rec: ValidatorRecord, req: Request) -> ValidatorRecord:
         match req.action:
             case "reset":
-                record = ValidatorRecord()
+                return ValidatorRecord(reset_boot=rec.reset_boot)
             case "rerun":
-                record = ValidatorRecord(checks=record.checks)
+                return ValidatorRecord(checks=rec.checks, reset_boot=rec.reset_boot)
             case "retry":
-                pass  # the executor's new attempts make the failed verdicts stale
-    return ValidatorRecord(
-        checks=record.checks,
-        validated=record.validated,
-        at=record.at,
-        reason=record.reason,
-        honoured=requests.latest,
-    )
+                return rec  # the executor's new attempts make the failed verdicts stale
+
+    return recovery.honour(record, requests, step)
+
+
+def forget(node: NodeFacts, cr: str) -> Decision:
+    """The NodeWright is gone: its record goes (one that does not decode too)."""
+    key = nodestate.key(nodestate.VALIDATOR, cr)
+    if key in node.malformed or node.validator != ValidatorRecord():
+        return Decision(record=Remove())
+    return Decision()
 
 
 def decide(
@@ -360,17 +369,29 @@ def decide(
 ) -> Decision:
     """``annotations`` are the node's: they say whether the node is new to ``cr`` and
     whether the validator auto-tainted it (see :func:`auto_taint_due`)."""
-    requests = requests or Requests()
-    fresh = node.validator == ValidatorRecord(honoured=node.validator.honoured)
+    requests = requests or node.requests
+    if nodestate.key(nodestate.VALIDATOR, cr.metadata.name) in node.malformed:
+        if recovery.reset_malformed(node, nodestate.VALIDATOR, cr.metadata.name):
+            return Decision(record=Remove(), requeue_after=0.0)
+        return Decision(problem="the validator record does not decode; reset the node")
+    fresh = node.validator == ValidatorRecord(
+        honoured=node.validator.honoured, reset_boot=node.validator.reset_boot
+    )
     if requests.after(node.validator.honoured) and not fresh:
-        return Decision(record=honour(node.validator, requests), requeue_after=0.0)
+        return Decision(record=Write(honour(node.validator, requests)), requeue_after=0.0)
+    rebooted = node.executor.reset_boot
+    if rebooted and rebooted != node.validator.reset_boot:
+        # The executor forgot the packages for this boot: forget what was validated too,
+        # once (the typed cause, never a guess from who asked).
+        forgotten = ValidatorRecord(honoured=node.validator.honoured, reset_boot=rebooted)
+        return Decision(record=Write(forgotten), requeue_after=0.0)
     w = _Work(cr=cr, node=node, now=now, source=source, checks=dict(node.validator.checks))
     mine = [
         p
         for p in check_pods
         if p.cr == cr.metadata.name and p.node == node.name and p.role == "check"
     ]
-    by = {(p.package, p.stage, p.version, p.attempt): p for p in mine if not p.deleting}
+    by = {p.key: p for p in mine if not p.deleting}
     turn = progress.turn(cr, node)
     may_start = turn in ("executor", "validator") and not cr.disabled
     _checks(w, by, image_pull_grace_s, may_start)
@@ -381,7 +402,8 @@ def decide(
         interrupt = node.executor.interrupt
         if not node.ready:
             reason = Reason(
-                code="NodeNotReady", message="waiting for the node to be Ready after its packages"
+                code=reasons.NODE_NOT_READY,
+                message="waiting for the node to be Ready after its packages",
             )
             w.later(5.0)
         elif interrupt is not None and interrupt.state == "running":
@@ -392,9 +414,14 @@ def decide(
     # A fresh record starts out having honoured every request: there was nothing to act on.
     honoured = requests.latest if fresh else record.honoured
     new = ValidatorRecord(
-        checks=w.checks, validated=validated, at=at, reason=reason, honoured=honoured
+        checks=w.checks,
+        validated=validated,
+        at=at,
+        reason=reason,
+        honoured=honoured,
+        reset_boot=record.reset_boot,
     )
-    if fresh and new == ValidatorRecord(honoured=honoured):
+    if fresh and new == ValidatorRecord(honoured=honoured, reset_boot=record.reset_boot):
         new = record  # nothing to write yet
     delete = tuple(sorted(p.name for p in mine if p.name not in w.keep and not p.deleting))
     # A taint this validator added for ``cr`` goes by the same rule even if ``cr`` stopped
@@ -407,11 +434,11 @@ def decide(
         created=node.created,
         annotations=annotations,
         boot_id=node.boot_id,
-        requests=requests,
+        reset_boot=node.executor.reset_boot,
         done=progress.node_done(cr, node),
     )
     return Decision(
-        record=new if new != record else None,
+        record=Write(new) if new != record else Keep(),
         create=tuple(w.create),
         delete=delete,
         publish=tuple(w.out.events),

@@ -1,17 +1,19 @@
 """The validator's async shell: caches, check pods, node validation records and the
 readiness taint, carried out as :func:`services.validator.core.decide` says.
 
-For each (NodeWright, node) key it writes the validator record (with the node's
-resourceVersion as precondition), creates check pods (AlreadyExists is success), deletes
-finished ones, adds the runtime-required taint to new nodes and lifts it when the core says
-so, and publishes ``stage.validated`` / ``stage.validation-failed`` / ``node.validated``.
+For each (NodeWright, node) key it hands the core's decision to the shared per-node shell
+(:func:`shared.nodeshell.apply`), which writes the validator record (with the node's
+resourceVersion as precondition), adds the runtime-required taint to new nodes and lifts it
+when the core says so (in the same patch), creates check pods (AlreadyExists is success),
+deletes finished ones, and publishes ``stage.validated`` / ``stage.validation-failed`` /
+``node.validated``. Once the NodeWright is gone it removes its own record.
 
-Keys are the (NodeWright, node) pairs with a scheduler, executor or requests record, plus
-two kinds of pairs without one: a node new to an ``autoTaintNewNodes`` NodeWright (it has
-no record yet, and must be tainted before the scheduler ever looks at it), and a node the
-validator auto-tainted that still carries the taint (so the taint is lifted even when its
-NodeWright is gone). Whether a pair is one of those is the core's rule; the node watch and
-the periodic resync find them, so a missed event is recovered.
+Keys are the (NodeWright, node) pairs with a scheduler, executor, validator or requests
+record, plus two kinds of pairs without one: a node new to an ``autoTaintNewNodes``
+NodeWright (it has no record yet, and must be tainted before the scheduler ever looks at
+it), and a node the validator auto-tainted that still carries the taint (so the taint is
+lifted even when its NodeWright is gone). Whether a pair is one of those is the core's
+rule; the node watch and the periodic resync find them, so a missed event is recovered.
 """
 
 from __future__ import annotations
@@ -25,28 +27,44 @@ import msgspec
 
 from services.validator import core, webhook
 from services.validator.config import Settings
-from shared import api, nodestate, pods, podspec, progress, runtime, streaming, subjects
-from shared.controller import Controller, NodeKey, PodIndex, patch_node
+from shared import (
+    api,
+    nodeshell,
+    nodestate,
+    outbox,
+    pods,
+    podspec,
+    progress,
+    runtime,
+    streaming,
+    subjects,
+)
+from shared.controller import Controller, NodeKey, PodIndex
+from shared.decisions import NodeDecision, Remove, Write
 from shared.informer import Informer
 from shared.kube import JSON, path_of
+from shared.records.validator import ValidatorRecord
 
 NAME = "validator"
 _log = logging.getLogger("nodewright.validator")
 
 NODEWRIGHTS = path_of(group=api.GROUP, version=api.VERSION, plural=api.NODEWRIGHT_PLURAL)
 NODES = path_of(plural="nodes")
-_KEYED_BY = (nodestate.SCHEDULER, nodestate.EXECUTOR, nodestate.REQUESTS)
+_KEYED_BY = (
+    nodestate.SCHEDULER,
+    nodestate.EXECUTOR,
+    nodestate.VALIDATOR,
+    nodestate.REQUESTS,
+    outbox.PREFIX + nodestate.VALIDATOR,  # its unpublished events (shared.outbox)
+)
 
 
 class Validator:
     def __init__(self, ctx: runtime.ServiceContext, settings: Settings) -> None:
         self.ctx = ctx
         self.settings = settings
-        self.pod_settings = podspec.PodSettings(
-            namespace=ctx.settings.namespace,
-            agent_image=settings.pods.agent_image,
-            simulate=settings.pods.simulate,
-            sim_stage_duration=settings.pods.sim_stage_duration,
+        self.pod_settings = podspec.PodSettings.of(
+            namespace=ctx.settings.namespace, config=settings.pods
         )
         self.publisher = streaming.Publisher(
             ctx.bus, source=f"{NAME}/{ctx.identity}", registry=ctx.registry
@@ -79,6 +97,11 @@ class Validator:
             ),
             to_keys=lambda e: [(e.cr, e.node)] if e.node else [],
         )
+        self.node_port = nodeshell.KubeNodes(ctx.kube, self.nodes)
+        self.object_port = nodeshell.KubeObjects(
+            ctx.kube, ctx.settings.namespace, pods=self.pods, on_pod=self.pod_index.on_change
+        )
+        self.bus_port = nodeshell.BusEvents(self.publisher)
 
     # ---- key mapping ------------------------------------------------------------------
 
@@ -173,12 +196,27 @@ class Validator:
         return True
 
     async def reconcile(self, key: NodeKey) -> float | None:
+        # Events a writer (this replica or another, maybe dead) left in the outbox first;
+        # the work goes on whether or not NATS takes them now.
+        unpublished = await nodeshell.flush(
+            owner=nodestate.VALIDATOR,
+            cr=key[0],
+            node=key[1],
+            nodes=self.node_port,
+            bus=self.bus_port,
+        )
+        again = await self._reconcile(key)
+        if unpublished is None:
+            return again
+        return unpublished if again is None else min(again, unpublished)
+
+    async def _reconcile(self, key: NodeKey) -> float | None:
         cr_name, node_name = key
         raw_cr, raw_node = self.crs.get(cr_name), self.nodes.get(node_name)
         if raw_node is None:
             return None
         if raw_cr is None:
-            return await self._orphaned_taint(cr_name, raw_node)
+            return await self._gone(cr_name, raw_node)
         try:
             cr = api.from_dict(raw_cr, api.NodeWright)
         except msgspec.ValidationError as exc:
@@ -193,6 +231,7 @@ class Validator:
             if p is not None
         ]
         has_taint = core.has_readiness_taint(facts.taints)
+        annotations = nodestate.annotations_of(raw_node)
         decision = core.decide(
             cr=cr,
             node=facts,
@@ -202,112 +241,113 @@ class Validator:
             has_readiness_taint=has_taint,
             image_pull_grace_s=self.settings.pods.image_pull_grace_s,
             source=self.publisher.source,
-            requests=nodestate.read_requests(raw_node, cr_name),
-            annotations=nodestate.annotations_of(raw_node),
+            annotations=annotations,
         )
-        if decision.record is not None and decision.record.honoured != facts.validator.honoured:
-            _log.info(
-                "Honoured recovery requests",
-                extra={
-                    "nodewright": cr_name,
-                    "node": node_name,
-                    "request": decision.record.honoured,
-                },
-            )
-        # Check pods are created only after a write with the node's resourceVersion, even
-        # when nothing else changes (then a precondition-only patch): a replica whose node is
-        # stale (another one recorded the verdict and deleted the pod) must not run the
-        # check again.
-        changes = (
-            decision.record is not None
-            or decision.remove_readiness_taint
-            or decision.add_readiness_taint
-            or bool(decision.create)
-        )
-        if changes and not await self._write(cr_name, raw_node, decision):
-            return 0.5
-        annotations = nodestate.annotations_of(raw_node)
+        where = {"nodewright": cr_name, "node": node_name}
+        if decision.problem:
+            _log.error("Cannot validate Node", extra={**where, "problem": decision.problem})
+        match decision.record:
+            case Write(record=ValidatorRecord() as after):
+                if after.honoured != facts.validator.honoured:
+                    _log.info(
+                        "Honoured recovery requests", extra={**where, "request": after.honoured}
+                    )
+            case Remove():
+                _log.info("Removed validator record from Node", extra=where)
+            case _:
+                pass
+        ns = self.ctx.settings.namespace
+        config_maps: list[JSON] = []
+        bodies: list[JSON] = []
         for req in decision.create:
-            await self._create(cr, node_name, annotations, req)
-        for name in decision.delete:
-            await self._delete(name)
-        for event in decision.publish:
-            await self.publisher.publish(event)
-        return decision.requeue_after
+            d = req.desired
+            assert d is not None
+            if d.config:
+                config_maps.append(podspec.config_map(cr, d.name, d.config_digest, d.config, ns))
+            bodies.append(
+                podspec.stage_pod(
+                    req,
+                    cr=cr,
+                    node=node_name,
+                    node_annotations=annotations,
+                    settings=self.pod_settings,
+                )
+            )
+        return await self._apply(cr_name, raw_node, decision, config_maps, bodies)
 
-    async def _orphaned_taint(self, cr: str, node: JSON) -> float | None:
-        """The key's NodeWright is gone: lift the readiness taint it had added, if due."""
+    async def _gone(self, cr: str, node: JSON) -> float | None:
+        """The key's NodeWright is gone: remove the validator's record and lift the
+        readiness taint it had added, if due."""
         taints = (node.get("spec") or {}).get("taints") or ()
         has_taint = core.has_readiness_taint(taints)
-        if not core.lift_orphaned_taint(
+        lift = core.lift_orphaned_taint(
             cr,
             annotations=nodestate.annotations_of(node),
             has_readiness_taint=has_taint,
             runtime_required_done=has_taint and self._runtime_required_done(node),
-        ):
-            return None
-        if not await self._write(cr, node, core.Decision(remove_readiness_taint=True)):
-            return 0.5
-        return None
-
-    async def _write(self, cr: str, node: JSON, decision: core.Decision) -> bool:
-        name = node["metadata"]["name"]
-        body = nodestate.patch(
-            nodestate.VALIDATOR,
-            cr,
-            decision.record,
-            resource_version=node["metadata"]["resourceVersion"],
         )
-        annotations: dict[str, str | None] = body["metadata"].pop("annotations")
-        if decision.record is None:
-            annotations.clear()
+        forgotten = core.forget(progress.facts(node, cr), cr)
+        decision = core.Decision(record=forgotten.record, remove_readiness_taint=lift)
+        if not decision.changes_node:
+            return None
+        retry = await self._apply(cr, node, decision, [], [])
+        return retry if retry == nodeshell.STALE_RETRY_S else None
+
+    async def _apply(
+        self,
+        cr: str,
+        node: JSON,
+        decision: core.Decision,
+        config_maps: list[JSON],
+        bodies: list[JSON],
+    ) -> float | None:
+        """Carry out the core's decision through the shared per-node shell: the record,
+        the readiness taint and its marks in one patch. Check pods are created only after a
+        write with the node's resourceVersion, even when nothing else changes: a replica
+        whose node is stale (another one recorded the verdict and deleted the pod) must not
+        run the check again."""
+        name = str(node["metadata"]["name"])
+        annotations: dict[str, str | None] = {}
+        spec: dict[str, object] = {}
         taints = list((node.get("spec") or {}).get("taints") or [])
         if decision.add_readiness_taint:
             # The mark goes with the taint, in the same write: a node is never tainted twice.
             annotations[core.AUTO_TAINTED] = cr
             if decision.boot_id:
                 annotations[core.AUTO_TAINTED_BOOT] = decision.boot_id
-            body["spec"] = {"taints": [*taints, dict(core.READINESS_TAINT)]}
+            spec["taints"] = [*taints, dict(core.READINESS_TAINT)]
         elif decision.remove_readiness_taint:
-            body["spec"] = {
-                "taints": [t for t in taints if t.get("key") != progress.RUNTIME_REQUIRED_TAINT]
-            }
-        if annotations:
-            body["metadata"]["annotations"] = annotations
-        if not await patch_node(self.ctx.kube, self.nodes, name, body):
-            return False
-        if decision.add_readiness_taint:
-            _log.info(
-                "Tainted new Node until it is validated", extra={"node": name, "nodewright": cr}
-            )
-        elif decision.remove_readiness_taint:
-            _log.info("Removed readiness taint from Node", extra={"node": name, "nodewright": cr})
-        return True
-
-    async def _create(
-        self,
-        cr: api.NodeWright,
-        node: str,
-        annotations: Mapping[str, str],
-        req: podspec.PodRequest,
-    ) -> None:
-        ns = self.ctx.settings.namespace
-        d = req.desired
-        assert d is not None
-        if d.config:
-            cm = podspec.config_map(cr, d.name, d.config_digest, d.config, ns)
-            await self.ctx.kube.create_if_absent(path_of(plural="configmaps", namespace=ns), cm)
-        body = podspec.stage_pod(
-            req, cr=cr, node=node, node_annotations=annotations, settings=self.pod_settings
+            spec["taints"] = [t for t in taints if t.get("key") != progress.RUNTIME_REQUIRED_TAINT]
+        retry = await nodeshell.apply(
+            NodeDecision(
+                owner=nodestate.VALIDATOR,
+                cr=cr,
+                node=name,
+                observed_version=str(node["metadata"]["resourceVersion"]),
+                record=decision.record,
+                spec=spec,
+                annotations=annotations,
+                fence=True,
+                config_maps=tuple(config_maps),
+                create=tuple(bodies),
+                delete=nodeshell.pod_refs(self.pods, self.ctx.settings.namespace, decision.delete),
+                events=decision.publish,
+                requeue_after=decision.requeue_after,
+            ),
+            nodes=self.node_port,
+            objects=self.object_port,
+            bus=self.bus_port,
         )
-        created = await self.ctx.kube.create_if_absent(path_of(plural="pods", namespace=ns), body)
-        if created is not None:
-            self.pods.observe(created)
-            self.pod_index.on_change(None, created)
-
-    async def _delete(self, name: str) -> None:
-        ns = self.ctx.settings.namespace
-        await self.ctx.kube.delete_if_present(path_of(plural="pods", namespace=ns, name=name))
+        if retry != nodeshell.STALE_RETRY_S:
+            if decision.add_readiness_taint:
+                _log.info(
+                    "Tainted new Node until it is validated", extra={"node": name, "nodewright": cr}
+                )
+            elif decision.remove_readiness_taint:
+                _log.info(
+                    "Removed readiness taint from Node", extra={"node": name, "nodewright": cr}
+                )
+        return retry
 
 
 def main(environ: Mapping[str, str] | None = None) -> int:

@@ -17,60 +17,22 @@ from pathlib import Path
 
 import pytest
 
-from agent.steps import HOST_PATH
-from tests.agent.harness import CALLS_DIR, REPO, Node
-
-STAND_IN = """#!/bin/sh
-# Test stand-in for {name}: records the call; never touches the machine.
-log="{calls}/${{NODEWRIGHT_INTERRUPT_ID:-none}}.log"
-echo "{name} $*" >> "$log"
-"""
-SYSTEMCTL_EXTRA = """case "$1" in
-  list-units)
-    printf '%s\\n' "containerd.service loaded active running containerd" \\
-      "dbus.service loaded active running D-Bus System Message Bus" \\
-      "systemd-journald.service loaded active running Journal Service" \\
-      "kubelet.service loaded active running kubelet" ;;
-  restart)
-    # A test makes a unit fail by creating fail-<unit>.
-    if [ -e "{calls}/fail-$2" ]; then echo "Job for $2 failed." >&2; exit 1; fi ;;
-esac
-exit 0
-"""
-DANGEROUS = ("reboot", "halt", "poweroff", "shutdown", "systemctl", "init", "telinit")
+from nodewright.rig import hostroot
+from tests.agent.harness import Node
 
 
 def _build_rootfs() -> Path:
-    proc = subprocess.run(
-        ["bash", str(REPO / "scripts" / "build-test-rootfs.sh")],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=False,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"building the test root filesystem failed:\n{proc.stderr[-3000:]}")
-    return Path(proc.stdout.strip().splitlines()[-1])
+    try:
+        return hostroot.build_base()
+    except hostroot.HostRootError as exc:
+        pytest.fail(str(exc))
 
 
 def _install_stand_ins(root: Path) -> None:
-    (root / CALLS_DIR.lstrip("/")).mkdir(parents=True, exist_ok=True)
-    for name, where in (("reboot", "usr/local/sbin"), ("systemctl", "usr/local/bin")):
-        path = root / where / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        body = STAND_IN.format(name=name, calls=CALLS_DIR)
-        if name == "systemctl":
-            body += SYSTEMCTL_EXTRA.format(calls=CALLS_DIR)
-        path.write_text(body)
-        path.chmod(0o755)
-    # Every dangerous name reachable on the agent's chroot PATH must be a stand-in.
-    for name in DANGEROUS:
-        for directory in HOST_PATH.split(":"):
-            candidate = root / directory.lstrip("/") / name
-            if candidate.exists() or candidate.is_symlink():
-                text = candidate.read_text(errors="replace") if candidate.is_file() else ""
-                if "Test stand-in" not in text:
-                    pytest.fail(f"refusing to run: {candidate} is a real {name} command")
+    try:
+        hostroot.install_stand_ins(root)
+    except hostroot.HostRootError as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture(scope="session")

@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nodewright.rig import hostroot
+
 REPO = Path(__file__).resolve().parents[2]
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
-CALLS_DIR = "/var/tmp/nodewright-test-calls"
+CALLS_DIR = hostroot.CALLS_DIR
 """Host path where the reboot/systemctl stand-ins record calls, one file per interrupt ID."""
 
 

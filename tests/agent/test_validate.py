@@ -141,3 +141,25 @@ def test_the_cli_json_output_is_for_tools(tmp_path: Path) -> None:
     assert doc["ok"] is False
     assert doc["problems"] == validate_package_dir(pkg)
     assert len(doc["problems"]) == 1
+
+
+def test_a_package_one_level_too_deep_is_named_as_the_01_layout(tmp_path: Path) -> None:
+    """What the agent sees of an image built as 0.1 documented: the image's root mounted at
+    the package directory, the files under nodewright-package/ in it."""
+    write_package(
+        tmp_path / "nodewright-package",
+        stages=STAGES,
+        scripts={"apply.sh": sh("true"), "checks/check.sh": sh("true")},
+    )
+
+    (problem,) = validate_package_dir(tmp_path)
+
+    assert problem.startswith(f"{tmp_path}/config.json: file not found (the image has")
+    assert "COPY config.json /config.json" in problem
+
+
+def test_the_rig_host_root_uses_the_agents_path() -> None:
+    from agent.steps import HOST_PATH
+    from nodewright.rig import hostroot
+
+    assert hostroot.HOST_PATH == HOST_PATH

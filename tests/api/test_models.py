@@ -142,7 +142,8 @@ def test_decoding_rejects_what_the_crd_rejects(
     ],
 )
 def test_image_references_without_tag_are_accepted(image: str) -> None:
-    api.from_dict(_with([*PKG, "image"], image), api.NodeWright)
+    nw = api.from_dict(_with([*PKG, "image"], image), api.NodeWright)
+    assert [p.image for p in nw.spec.packages.values()] == [image]
 
 
 @pytest.mark.parametrize(

@@ -253,10 +253,16 @@ async def test_the_webhook_admits_what_it_should(
     stored = await objects.kube.get(path)
     changed = copy.deepcopy(stored)
     del changed["spec"]["packages"]["a"]
-    await objects.kube.replace(path, changed)
+    replaced = await objects.kube.replace(path, changed)
+    assert "a" not in replaced["spec"]["packages"]
+    assert "a" not in (await objects.kube.get(path))["spec"]["packages"], "admitted and stored"
     # Deleting the policy once nothing references it.
     await objects.kube.delete(path)
     await objects.kube.delete(f"{crds.POLICIES}/{name}")
+    for gone in (path, f"{crds.POLICIES}/{name}"):
+        with pytest.raises(ApiError) as err:
+            await objects.kube.get(gone)
+        assert err.value.not_found, gone
 
 
 def _settings(namespace: str, **more: Any) -> webhook.WebhookSettings:

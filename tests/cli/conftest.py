@@ -20,18 +20,17 @@ from nodewright import manifests
 from nodewright.rig import Rig, nodes
 from shared import api, nodestate
 from shared.kube import ApiError, Kube, path_of
+from shared.records.drainer import DrainRecord
+from shared.records.executor import ExecutorRecord
+from shared.records.scheduler import Selection
+from shared.records.status import StatusRecord
+from shared.records.validator import ValidatorRecord
 from tests.helpers.cli import Result, cli
 
 __all__ = ["Objects", "Result", "cli"]
 
 NODES = path_of(plural="nodes")
-Record = (
-    nodestate.Selection
-    | nodestate.DrainRecord
-    | nodestate.ExecutorRecord
-    | nodestate.ValidatorRecord
-    | nodestate.StatusRecord
-)
+Record = Selection | DrainRecord | ExecutorRecord | ValidatorRecord | StatusRecord
 
 
 @dataclass

@@ -7,20 +7,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import click
 import msgspec
 import pytest
 
-from nodewright import cli, lifecycle_cmd, node_cmd, package_cmd
+from nodewright import cli, lifecycle_cmd, node_cmd, output, package_cmd
 from shared import api, nodestate, pods
+from shared.config import ServiceSettings
 from shared.events import Reason
-from shared.nodestate import (
-    CheckRecord,
-    ExecutorRecord,
-    PackageRecord,
-    Selection,
-    StatusRecord,
-    ValidatorRecord,
-)
+from shared.records.executor import ExecutorRecord, PackageRecord
+from shared.records.scheduler import Selection
+from shared.records.status import StatusRecord
+from shared.records.validator import CheckRecord, ValidatorRecord
 from tests.helpers.facts import T0, node, nodewright
 
 PACKAGES = {
@@ -166,18 +164,51 @@ def test_a_switch_is_on_exactly_as_the_services_read_it(
     assert reads is on
 
 
-def test_each_verb_is_a_command_of_the_cli() -> None:
-    for verb, switch in lifecycle_cmd.SWITCHES.items():
-        args = cli.build_parser().parse_args([verb, "gpu", "--kubeconfig", "k"])
-        assert (args.name, args.switch, args.kubeconfig) == ("gpu", switch, "k")
-        assert args.handler is lifecycle_cmd.run
+def test_each_verb_is_a_command_of_the_cli_with_the_usual_flags() -> None:
+    assert set(cli.SWITCH_HELP) == set(lifecycle_cmd.SWITCHES)
+    for verb in lifecycle_cmd.SWITCHES:
+        command = cli.cli.commands[verb]
+        ctx = command.make_context(
+            verb, ["gpu", "--kubeconfig", "k", "--context", "c", "--dry-run"]
+        )
+        assert ctx.params == {"name": "gpu", "kubeconfig": "k", "context": "c", "dry_run": "client"}
+        ctx = command.make_context(verb, ["gpu", "--dry-run=server"])
+        assert ctx.params["dry_run"] == "server"
+
+
+def test_every_command_that_talks_to_the_cluster_takes_n_after_it_as_kubectl_does() -> None:
+    """``kubectl nodewright node list -n nodewright-system`` must not fail on ``-n``: the
+    install test's user did exactly that. Commands that read a namespace get it, from after
+    the command or before it."""
+    seen = 0
+    groups = [cli.cli, *(c for c in cli.cli.commands.values() if isinstance(c, click.Group))]
+    for group in groups:
+        for name, command in group.commands.items():
+            if isinstance(command, click.Group) or not any(
+                p.name == "kubeconfig" for p in command.params
+            ):
+                continue
+            flags = {flag for p in command.params for flag in getattr(p, "opts", ())}
+            assert "-n" in flags, f"{group.name} {name}"
+            seen += 1
+    assert seen >= 12
+    version = cli.cli.commands["version"]
+
+    def namespace(before: list[str], after: list[str]) -> str:
+        # One invocation: a root context and the command's (click shares ``meta`` in it).
+        root = cli.cli.make_context("nodewright", [*before, "version"])
+        return cli._namespace(version.make_context("version", after, parent=root))
+
+    assert namespace(["-n", "before"], ["-n", "after"]) == "after"
+    assert namespace(["-n", "before"], []) == "before"
+    assert namespace([], []) == cli.DEFAULT_NAMESPACE
 
 
 # ---- node list --------------------------------------------------------------------------
 
 
 def test_table_pads_every_column_but_the_last() -> None:
-    out = node_cmd.table(("A", "BB", "C"), [["xyz", "1", "last one"], ["x", "22222", "z"]])
+    out = output.table(("A", "BB", "C"), [["xyz", "1", "last one"], ["x", "22222", "z"]])
     assert out.splitlines() == [
         "A     BB      C",
         "xyz   1       last one",
@@ -226,6 +257,11 @@ def test_node_list_json_carries_the_records_fields() -> None:
         "phase": "Failed",
         "turn": "failed",
         "reason": {"code": "StageFailed", "message": "pod p exited with code 1"},
+        "since": T0.isoformat(),
+        "compartment": "__default__",
+        "batch": 1,
+        "order": None,
+        "cordoned": False,
         "packages": [
             {
                 "name": "driver",
@@ -386,18 +422,26 @@ def test_log_query_tails_only_when_asked() -> None:
 
 def test_log_stages_are_the_stages_package_pods_run() -> None:
     assert package_cmd.STAGES == ("apply", "upgrade", "config", "post-interrupt", "uninstall")
-    args = cli.build_parser().parse_args(
-        ["package", "logs", "tuning", "--node", "n-1", "--stage", "config", "--tail", "5"]
+    # The command line repeats them so that parsing imports nothing.
+    assert cli.LOG_STAGES == package_cmd.STAGES
+    assert cli.RERUN_STAGES == nodestate.RERUN_STAGES
+    assert ServiceSettings().namespace == cli.DEFAULT_NAMESPACE
+    logs = cli.cli.commands["package"].commands["logs"]  # type: ignore[attr-defined]
+    ctx = logs.make_context(
+        "logs", ["tuning", "--node", "n-1", "--stage", "config", "--tail", "5", "-f"]
     )
-    assert (args.name, args.node, args.stage, args.tail, args.namespace) == (
-        "tuning",
-        "n-1",
-        "config",
-        5,
-        "nodewright-system",
-    )
-    with pytest.raises(SystemExit):
-        cli.build_parser().parse_args(["package", "logs", "tuning", "--node", "n", "--stage", "x"])
+    assert ctx.params | {"kubeconfig": None, "context": None} == {
+        "name": "tuning",
+        "node_name": "n-1",
+        "nodewright": "",
+        "stage": "config",
+        "tail": 5,
+        "follow": True,
+        "kubeconfig": None,
+        "context": None,
+    }
+    with pytest.raises(click.BadParameter):
+        logs.make_context("logs", ["tuning", "--node", "n", "--stage", "x"])
 
 
 def test_times_are_not_compared_naively() -> None:
@@ -432,3 +476,103 @@ def test_node_status_shows_the_admissions_node_order_when_known(
     cr = _cr()
     lines = node_cmd.describe(node_cmd.view(obj, cr.metadata.name, cr), obj)
     assert [x for x in lines if x.startswith("  admitted:")] == [line]
+
+
+def _waiting_for_check(verdict: CheckRecord | None) -> dict[str, Any]:
+    checks = {nodestate.check_key("tuning", "1.0.0", "apply"): verdict} if verdict else {}
+    return node(
+        "n-a",
+        records={
+            nodestate.SCHEDULER: _selection(),
+            nodestate.EXECUTOR: ExecutorRecord(packages={"tuning": _pkg("apply", "succeeded")}),
+            nodestate.VALIDATOR: ValidatorRecord(checks=checks),
+            nodestate.STATUS: StatusRecord(
+                phase="Running",
+                reason=Reason(code="WaitingForCheck", message="waiting for the check"),
+                since=T0,
+            ),
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    ("verdict", "turn"),
+    [
+        pytest.param(None, "validator", id="no-verdict-yet"),
+        pytest.param(CheckRecord(verdict="running", at=T0), "validator", id="check-running"),
+        pytest.param(
+            CheckRecord(verdict="passed", at=T0, attempt=0),
+            "validator",
+            id="verdict-of-old-attempt",
+        ),
+        pytest.param(CheckRecord(verdict="passed", at=T0), "executor", id="check-passed"),
+    ],
+)
+def test_a_stage_waiting_for_its_check_is_the_validators_turn(
+    verdict: CheckRecord | None, turn: str
+) -> None:
+    """TURN read "executor" next to REASON "WaitingForCheck": the check is the validator's."""
+    cr = nodewright(packages={"tuning": PACKAGES["tuning"]})
+    (row,) = node_cmd.list_rows(cr, [_waiting_for_check(verdict)])
+    assert (row["turn"], row["reason"]["code"]) == (turn, "WaitingForCheck")
+
+
+def test_node_list_wide_adds_admission_cordon_and_message() -> None:
+    rows = node_cmd.list_rows(_cr(), _nodes())
+    lines = node_cmd.render_list("gpu-node-tuning", rows, wide=True).splitlines()
+    assert lines[0].split() == [
+        "NODE",
+        "PHASE",
+        "TURN",
+        "REASON",
+        "COMPARTMENT",
+        "BATCH",
+        "ORDER",
+        "CORDONED",
+        "PACKAGES",
+        "MESSAGE",
+    ]
+    assert lines[3].split()[:8] == [
+        "n-c",
+        "Failed",
+        "failed",
+        "StageFailed",
+        "__default__",
+        "1",
+        "-",
+        "no",
+    ]
+    assert lines[3].endswith("pod p exited with code 1")
+    assert all(line == line.rstrip() for line in lines)
+
+
+def test_documents_print_as_json_and_yaml_alike() -> None:
+    import json
+
+    import yaml
+
+    rows = node_cmd.list_rows(_cr(), _nodes())
+    doc = {"nodewright": "gpu", "nodes": rows}
+    assert json.loads(output.document(doc, "json")) == doc
+    assert yaml.safe_load(output.document(doc, "yaml")) == doc
+
+
+@pytest.mark.parametrize(
+    ("verb", "first"),
+    [
+        (
+            "pause",
+            'Would have paused NodeWright gpu (set annotation nodewright.nvidia.com/pause: "true")',
+        ),
+        (
+            "resume",
+            "Would have resumed NodeWright gpu (removed annotation "
+            'nodewright.nvidia.com/pause: "true")',
+        ),
+    ],
+)
+def test_a_dry_run_says_what_would_have_changed(verb: str, first: str) -> None:
+    lines = lifecycle_cmd.message(
+        "gpu", lifecycle_cmd.SWITCHES[verb], {}, changed=True, dry_run="client"
+    )
+    assert lines[0].startswith(first + ": ")

@@ -11,7 +11,10 @@ from nodewright.rig import Rig
 from shared import api, nodestate, pods, podspec, progress
 from shared.events import Reason
 from shared.kube import Kube, path_of
-from shared.nodestate import ExecutorRecord, PackageRecord, Selection, StatusRecord
+from shared.records.executor import ExecutorRecord, PackageRecord
+from shared.records.scheduler import Selection
+from shared.records.status import StatusRecord
+from shared.rollout import rules as rollout_rules
 from tests.cli.conftest import Objects, cli
 from tests.helpers.facts import T0
 from tests.helpers.waiting import eventually
@@ -26,7 +29,7 @@ FAILED = Reason(code="StageFailed", message="pod p exited with code 1")
 def _selection() -> Selection:
     return Selection(
         generation=1,
-        compartment=progress.DEFAULT_COMPARTMENT,
+        compartment=rollout_rules.DEFAULT_COMPARTMENT,
         batch=1,
         selected_at=T0,
         disruptive=False,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,3 +80,37 @@ async def server_dry_run(bin_dir: Path, kubeconfig: Path, text: str) -> list[str
         stdin=text,
     )
     return sorted(out.splitlines())
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A finished command: exit code, stdout, stderr."""
+
+    code: int
+    out: str
+    err: str
+
+    def ok(self) -> str:
+        """stdout; fails the test with the output unless the command exited 0."""
+        assert self.code == 0, f"exit {self.code}: {self.err}{self.out}"
+        return self.out
+
+    def failed(self) -> str:
+        """stderr; fails the test unless the command exited non-zero."""
+        assert self.code != 0, f"it succeeded:\n{self.out[:4000]}"
+        return self.err
+
+
+async def helm(*args: str, bin_dir: Path | None = None, env: dict[str, str] | None = None) -> Ran:
+    """The rig's ``helm`` with exactly ``args`` (no implied ``--kube-version``), whatever it
+    exits with."""
+    proc = await asyncio.create_subprocess_exec(
+        str((bin_dir or default_bin_dir()) / "helm"),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return Ran(proc.returncode, out.decode(), err.decode())

@@ -96,3 +96,64 @@ async def test_the_optional_pieces_are_accepted_by_the_api_server(rig: Rig, kapi
         "validatingadmissionpolicybinding.admissionregistration.k8s.io/nodewright-package-images "
         "serverside-applied (server dry run)",
     ]
+
+
+@pytest.mark.parametrize("service", ["executor", "validator"])
+async def test_package_staging_and_host_root_reach_the_services_that_build_pods(
+    rig: Rig, service: str
+) -> None:
+    docs = await render(
+        "--set", "packageStaging=copy", "--set", "hostRoot=/srv/host", bin_dir=rig.bin_dir
+    )
+    (deployment,) = [
+        d
+        for d in docs
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == f"nodewright-{service}"
+    ]
+    env = {
+        e["name"]: e.get("value", "from-field")
+        for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    settings = config.load(importlib.import_module(f"services.{service}.config").Settings, env)
+    assert settings.pods.package_staging == "copy"
+    assert settings.pods.host_root == "/srv/host"
+
+
+async def test_the_web_page_is_a_service_of_the_status_pods_and_can_be_turned_off(
+    rig: Rig,
+) -> None:
+    docs = await render(bin_dir=rig.bin_dir)
+    (ui,) = [
+        d
+        for d in docs
+        if d["kind"] == "Service" and d["metadata"]["name"] == "nodewright-status-ui"
+    ]
+    (status,) = [
+        d
+        for d in docs
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == "nodewright-status"
+    ]
+    pod = status["spec"]["template"]
+    assert ui["spec"]["type"] == "ClusterIP"
+    assert ui["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http"}]
+    assert all(pod["metadata"]["labels"][k] == v for k, v in ui["spec"]["selector"].items())
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert (env["NODEWRIGHT_STATUS_UI"], env["NODEWRIGHT_STATUS_VERBOSE_EVENTS"]) == (
+        "true",
+        "false",
+    )
+    off = await render(
+        "--set", "ui.enabled=false", "--set", "events.verbose=true", bin_dir=rig.bin_dir
+    )
+    assert not [d for d in off if d["metadata"]["name"] == "nodewright-status-ui"]
+    (status,) = [
+        d for d in off if d["kind"] == "Deployment" and d["metadata"]["name"] == "nodewright-status"
+    ]
+    env = {
+        e["name"]: e.get("value")
+        for e in status["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert (env["NODEWRIGHT_STATUS_UI"], env["NODEWRIGHT_STATUS_VERBOSE_EVENTS"]) == (
+        "false",
+        "true",
+    )

@@ -17,7 +17,6 @@ from typing import Any, get_args
 import pytest
 from kubernetes_asyncio import client
 from nats.aio.client import Client as NATS
-from prometheus_client import CollectorRegistry
 
 from services.drainer import config as drainer_config, service as drainer
 from services.executor import config as executor_config, service as executor
@@ -26,7 +25,7 @@ from services.status import config as status_config, metrics, service as status
 from services.validator import config as validator_config, service as validator
 from shared import api, config, runtime
 from shared.bus import Bus
-from shared.kube import Kube
+from shared.kube import Kube, request_counter
 from tests.deploy.helm import CHART, render
 
 DASHBOARD = CHART / "dashboards" / "nodewright.json"
@@ -52,22 +51,30 @@ async def exported() -> dict[str, set[str]]:
         for name, settings_type, build in SERVICES:
             settings = config.load(settings_type, {})
             nc = NATS()
-            registry = CollectorRegistry()
+            registry = runtime.process_registry()
             ctx = runtime.ServiceContext(
                 name=name,
                 identity="dashboard-test",
                 settings=settings,
                 bus=Bus(nc=nc, js=nc.jetstream(), settings=settings.nats),
-                kube=Kube(offline),
+                kube=Kube(offline, observe=request_counter(registry)),
                 registry=registry,
                 supervisor=runtime.Supervisor(name=name, graceful_timeout_s=1),
                 health_port=0,
             )
             build(ctx, settings)
-            found[name] = {
-                f"{m.name}_total" if m.type == "counter" else m.name for m in registry.collect()
-            }
+            found[name] = set().union(*(_series(m.name, m.type) for m in registry.collect()))
     return found
+
+
+def _series(name: str, kind: str) -> set[str]:
+    """The names a metric family is exposed under (counters end in _total; a histogram is
+    its buckets, count and sum)."""
+    if kind == "counter":
+        return {f"{name}_total"}
+    if kind == "histogram":
+        return {f"{name}_bucket", f"{name}_count", f"{name}_sum"}
+    return {name}
 
 
 def _dashboard() -> dict[str, Any]:
@@ -129,13 +136,20 @@ def test_every_query_selects_only_metrics_the_services_export(
     # The counters are the ones docs/metrics.md names, and the status service exports every
     # gauge family.
     assert exported[status.NAME] >= {f.name for f in metrics.FAMILIES}
-    assert every - {f.name for f in metrics.FAMILIES} == {
+    own = {n for n in every if n.startswith("nodewright_")}
+    assert own - {f.name for f in metrics.FAMILIES} == {
         "nodewright_events_published_total",
         "nodewright_events_handled_total",
         "nodewright_events_dead_lettered_total",
         "nodewright_status_writes_total",
         "nodewright_status_kube_events_total",
+        "nodewright_kube_requests_total",
+        *_series("nodewright_stage_duration_seconds", "histogram"),
+        *_series("nodewright_drain_duration_seconds", "histogram"),
     }
+    # Every service exports the standard process metrics.
+    for name, names in exported.items():
+        assert {"process_cpu_seconds_total", "process_resident_memory_bytes"} <= names, name
 
 
 def test_every_nodewright_gauge_has_a_panel_filtered_by_the_nodewright_variable() -> None:

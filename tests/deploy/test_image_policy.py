@@ -77,9 +77,11 @@ async def test_the_chart_refuses_a_policy_that_restricts_nothing_or_a_bad_prefix
     assert (
         "imagePolicy.enabled needs imagePolicy.allowedRegistries, imagePolicy.requireDigest or both"
     ) in err
-    err = await template_error(
-        "--set", "imagePolicy.enabled=true", "--set-json", "imagePolicy.allowedRegistries=[5]"
-    )
+    bad = ("--set", "imagePolicy.enabled=true", "--set-json", "imagePolicy.allowedRegistries=[5]")
+    # values.schema.json refuses it first; without the schema the template still does.
+    err = await template_error(*bad)
+    assert "- at '/imagePolicy/allowedRegistries/0': got number, want string" in err
+    err = await template_error("--skip-schema-validation", *bad)
     assert (
         "imagePolicy.allowedRegistries: 5 is not a string "
         '(an image prefix such as "ghcr.io/nvidia/")'

@@ -119,7 +119,11 @@ async def test_the_timeout_sets_the_command_and_the_job_deadline(rig: Rig) -> No
     (job,) = [d for d in docs if d["kind"] == "Job"]
     assert job["spec"]["activeDeadlineSeconds"] == 150
     assert job["spec"]["template"]["spec"]["containers"][0]["args"][-2:] == ["--timeout", "90"]
-    err = await template_error(*ON, "--set", "uninstallHook.timeoutSeconds=0", bin_dir=rig.bin_dir)
+    zero = (*ON, "--set", "uninstallHook.timeoutSeconds=0")
+    # values.schema.json refuses it first; without the schema the template still does.
+    err = await template_error(*zero, bin_dir=rig.bin_dir)
+    assert "- at '/uninstallHook/timeoutSeconds': minimum: got 0, want 1" in err
+    err = await template_error("--skip-schema-validation", *zero, bin_dir=rig.bin_dir)
     assert "uninstallHook.timeoutSeconds must be a number of seconds above 0" in err
 
 

@@ -12,10 +12,14 @@ import pytest
 
 from services.drainer import core, filters
 from services.drainer.filters import EvictionResult, PdbInfo, PodInfo
-from shared import api, events, nodestate, progress
+from shared import api, events, nodeshell, nodestate, outbox, progress
+from shared.decisions import Keep, Remove
 from shared.events import ObjectRef, Reason
-from shared.nodestate import DrainRecord, ExecutorRecord, PackageRecord, Selection, ValidatorRecord
-from tests.helpers.facts import T0, node, nodewright
+from shared.records.drainer import DrainPhase, DrainRecord
+from shared.records.executor import ExecutorRecord, PackageRecord
+from shared.records.scheduler import Selection
+from shared.records.validator import ValidatorRecord
+from tests.helpers.facts import T0, node, nodewright, written
 
 CR = "gpu-node-tuning"
 NOW = T0 + timedelta(minutes=5)
@@ -36,7 +40,7 @@ def _selection(cr: api.NodeWright, *, disruptive: bool = True) -> Selection:
     )
 
 
-def _record(phase: nodestate.DrainPhase = "cordoned", **kw: Any) -> DrainRecord:
+def _record(phase: DrainPhase = "cordoned", **kw: Any) -> DrainRecord:
     return DrainRecord(
         **{"phase": phase, "cordoned": True, "started": T0, "since": T0, **kw},
     )
@@ -122,8 +126,8 @@ def _decide(
 
 def _written(d: core.Decision) -> DrainRecord:
     assert d.write is not None
-    assert d.write.record is not None
-    return d.write.record
+    assert written(d.write.record, DrainRecord) is not None
+    return written(d.write.record, DrainRecord)
 
 
 def _kinds(d: core.Decision) -> list[str]:
@@ -384,7 +388,7 @@ def test_cordon_records_ownership_in_the_same_write(
     assert isinstance(event, events.NodeCordoned)
     assert event.preexisting is preexisting
     assert d.evict == ()
-    body = core.patch_body(CR, d.write, resource_version="42")
+    body = nodeshell.node_patch(core.node_decision(CR, "gpu-1", d), "42")
     assert body["spec"] == {"unschedulable": True}
     assert body["metadata"]["resourceVersion"] == "42"
     assert (
@@ -428,7 +432,7 @@ def test_a_node_uncordoned_behind_our_back_mid_drain_is_cordoned_again() -> None
     cr = _cr()
     rec = _record("draining")
     d = _decide(cr, _node(cr, drain=rec, unschedulable=False), [_pod("web")])
-    assert d.write == core.NodeWrite(record=rec, unschedulable=True)
+    assert d.write == core.NodeWrite(record=Keep(), unschedulable=True)
     assert d.evict == ()
 
 
@@ -862,21 +866,24 @@ def test_release_removes_the_record_and_uncordons_only_its_own_cordon(
     case.setdefault("drain", _record("drained"))
     obj = _node(cr, unschedulable=True, **case)
     d = _decide(cr, obj, [_pod("web")], cr_present=cr_present)
-    assert d.write == core.NodeWrite(record=None, unschedulable=False if uncordon else None)
+    assert d.write == core.NodeWrite(record=Remove(), unschedulable=False if uncordon else None)
     assert d.evict == ()
     (event,) = d.publish
     assert isinstance(event, events.NodeUncordoned)
     holders = tuple(sorted(case.get("others", {}))) if not uncordon else ()
     assert event.still_cordoned_by == holders
-    body = core.patch_body(CR, d.write, resource_version="9")
-    assert body["metadata"]["annotations"] == {nodestate.key(nodestate.DRAINER, CR): None}
+    body = nodeshell.node_patch(core.node_decision(CR, "gpu-1", d), "9")
+    assert body["metadata"]["annotations"] == {
+        nodestate.key(nodestate.DRAINER, CR): None,
+        outbox.key(nodestate.DRAINER, CR): outbox.value([event]),
+    }, "the record goes, the event goes into the outbox in the same write"
     assert ("spec" in body) is uncordon
 
 
 def test_release_leaves_an_already_uncordoned_node_alone() -> None:
     cr = _cr()
     d = _decide(cr, _node(cr, selected=False, drain=_record("drained"), unschedulable=False))
-    assert d.write == core.NodeWrite(record=None, unschedulable=None)
+    assert d.write == core.NodeWrite(record=Remove(), unschedulable=None)
 
 
 def test_a_failed_node_keeps_its_cordon_while_still_admitted() -> None:
@@ -911,7 +918,7 @@ def test_two_crs_sharing_a_node_release_it_only_when_both_are_done() -> None:
     both = _node(a, drain=rec_a, unschedulable=True, extra=_done_records(a))
     both["metadata"]["annotations"][nodestate.key(nodestate.DRAINER, "other-cr")] = _other(rec_b)
     d_a = _decide(a, both)
-    assert d_a.write == core.NodeWrite(record=None, unschedulable=None)
+    assert d_a.write == core.NodeWrite(record=Remove(), unschedulable=None)
     (event,) = d_a.publish
     assert isinstance(event, events.NodeUncordoned)
     assert event.still_cordoned_by == ("other-cr",)
@@ -927,7 +934,7 @@ def test_two_crs_sharing_a_node_release_it_only_when_both_are_done() -> None:
         pods=[],
         now=NOW,
     )
-    assert d_last.write == core.NodeWrite(record=None, unschedulable=False)
+    assert d_last.write == core.NodeWrite(record=Remove(), unschedulable=False)
 
 
 def test_a_cordon_found_before_nodewright_survives_two_crs() -> None:
@@ -962,7 +969,7 @@ def test_a_cordon_found_before_nodewright_survives_two_crs() -> None:
         pods=[],
         now=NOW,
     )
-    assert d.write == core.NodeWrite(record=None, unschedulable=None)
+    assert d.write == core.NodeWrite(record=Remove(), unschedulable=None)
 
 
 def test_event_ids_are_deterministic_for_the_same_fact() -> None:

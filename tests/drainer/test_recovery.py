@@ -11,11 +11,13 @@ import pytest
 
 from services.drainer import core
 from services.drainer.filters import PodInfo
-from shared import nodestate, progress
+from shared import nodestate, progress, reasons
+from shared.decisions import Remove
 from shared.events import Reason
-from shared.nodestate import DrainRecord, Request, Requests
+from shared.nodestate import Request, Requests
+from shared.records.drainer import DrainRecord
 from tests.drainer.test_core import CR, NOW, _cr, _decide, _done_records, _node, _pod, _record
-from tests.helpers.facts import T0
+from tests.helpers.facts import T0, written
 
 TIMEOUT = Reason(code="DrainTimeout", message="drain did not finish within 60s")
 
@@ -93,7 +95,7 @@ def test_decide_honours_new_requests_first_and_once() -> None:
     obj = _node(cr, drain=failed, unschedulable=True)
     d = _with_requests(obj, _requests("retry"))
     assert d.write is not None
-    assert d.write.record == core.honour(failed, _requests("retry"), NOW)
+    assert written(d.write.record, DrainRecord) == core.honour(failed, _requests("retry"), NOW)
     assert d.write.unschedulable is None, "the cordon is left as it is"
     assert d.requeue_after == 0.0
     # Honoured: the failed drain of a second look (mark at 1) is not restarted again.
@@ -108,7 +110,7 @@ def test_a_release_wins_over_requests() -> None:
     obj = _node(cr, drain=_record("drained"), unschedulable=True, extra=_done_records(cr))
     d = _with_requests(obj, _requests("retry"))
     assert d.write is not None
-    assert d.write.record is None
+    assert isinstance(d.write.record, Remove)
     assert d.write.unschedulable is False
 
 
@@ -116,8 +118,11 @@ def test_a_fresh_cordon_starts_having_honoured_every_request() -> None:
     cr = _cr()
     d = _with_requests(_node(cr), _requests("reset", "retry"))
     assert d.write is not None
-    assert d.write.record is not None
-    assert (d.write.record.phase, d.write.record.honoured) == ("cordoned", 2)
+    assert written(d.write.record, DrainRecord) is not None
+    assert (
+        written(d.write.record, DrainRecord).phase,
+        written(d.write.record, DrainRecord).honoured,
+    ) == ("cordoned", 2)
 
 
 def test_an_ignored_node_already_admitted_finishes_its_drain() -> None:
@@ -152,7 +157,7 @@ def test_the_protected_pod_deadline(timeout: int | None, waited_s: int, outcome:
         "waiting",
         since=start,
         reason=Reason(
-            code=core.PROTECTED_POD_RUNNING,
+            code=reasons.PROTECTED_POD_RUNNING,
             message="waiting for 2 pod(s) matching podNonInterruptLabels to finish: apps/a, apps/b",
             objects=(_protected("a").ref, _protected("b").ref),
             details={"pods": "2"},
@@ -167,11 +172,11 @@ def test_the_protected_pod_deadline(timeout: int | None, waited_s: int, outcome:
         assert d.requeue_after == expected
         return
     assert d.write is not None
-    failed = d.write.record
+    failed = written(d.write.record, DrainRecord)
     assert failed is not None
     assert failed.phase == "failed"
     assert failed.reason is not None
-    assert failed.reason.code == core.PROTECTED_POD_TIMEOUT
+    assert failed.reason.code == reasons.PROTECTED_POD_TIMEOUT
     assert "apps/a, apps/b" in failed.reason.message
     assert [o.name for o in failed.reason.objects] == ["a", "b"]
     assert failed.reason.details["timeoutSeconds"] == "600"
@@ -187,6 +192,6 @@ def test_entering_the_wait_arms_the_deadline() -> None:
     )
     d = _decide(cr, _node(cr, drain=_record(), unschedulable=True), [_protected("a")])
     assert d.write is not None
-    assert d.write.record is not None
-    assert d.write.record.phase == "waiting"
+    assert written(d.write.record, DrainRecord) is not None
+    assert written(d.write.record, DrainRecord).phase == "waiting"
     assert d.requeue_after == 30.0

@@ -28,11 +28,14 @@ from services.drainer.config import DrainerSettings, Settings
 from shared import api, events, nodestate, progress, runtime, streaming, subjects
 from shared.config import HealthSettings, KubeSettings, NatsSettings
 from shared.kube import ApiError, Kube, path_of
-from shared.nodestate import DrainRecord
+from shared.records.drainer import DrainRecord
+from shared.records.executor import ExecutorRecord, PackageRecord
+from shared.records.scheduler import Selection
+from shared.records.validator import ValidatorRecord
 from tests.helpers.waiting import eventually
 
 SIM = "sim.nodewright.nvidia.com"
-Record = nodestate.Selection | nodestate.ExecutorRecord | nodestate.ValidatorRecord
+Record = Selection | ExecutorRecord | ValidatorRecord
 IMAGE = "registry.example/app:1"
 
 
@@ -95,7 +98,7 @@ class Harness:
 
     async def select(self, cr: api.NodeWright, node: str) -> None:
         """What the scheduler does when it admits the node."""
-        selection = nodestate.Selection(
+        selection = Selection(
             generation=cr.metadata.generation,
             compartment="default",
             batch=1,
@@ -108,9 +111,9 @@ class Harness:
     async def finish(self, cr: api.NodeWright, node: str) -> None:
         """What the executor and validator record once every package is done."""
         d = progress.desired(cr)["tool"]
-        done = nodestate.ExecutorRecord(
+        done = ExecutorRecord(
             packages={
-                "tool": nodestate.PackageRecord(
+                "tool": PackageRecord(
                     version=d.version,
                     stage="config",
                     state="succeeded",
@@ -121,7 +124,7 @@ class Harness:
             }
         )
         await self.annotate(node, nodestate.EXECUTOR, cr.metadata.name, done)
-        validated = nodestate.ValidatorRecord(validated=progress.target_digest(cr))
+        validated = ValidatorRecord(validated=progress.target_digest(cr))
         await self.annotate(node, nodestate.VALIDATOR, cr.metadata.name, validated)
 
     async def annotate(self, node: str, owner: str, cr: str, record: Record | None) -> None:

@@ -20,15 +20,17 @@ import pytest
 from nodewright import manifests
 from nodewright.rig import Rig
 from nodewright.rig.fleet import Fleet
-from shared import api
+from nodewright.rig.realnode import LABEL_REAL
+from shared import api, pods
 from shared.informer import Informer
 from shared.kube import ApiError, Kube, path_of
+from tests.helpers.waiting import Pending
 
 NODES = path_of(plural="nodes")
 
 
 async def delete_all(kapi: Kube) -> None:
-    """Remove every NodeWright, DeploymentPolicy and node, and the event stream."""
+    """Remove every NodeWright, DeploymentPolicy and simulated node."""
     for path in (manifests.NODEWRIGHTS, manifests.POLICIES):
         try:
             listed = await kapi.get(path)
@@ -50,7 +52,8 @@ async def delete_all(kapi: Kube) -> None:
         )
     )
     await _force_delete_bound_pods(kapi)
-    listed = await kapi.get(NODES)
+    # The rig's real nodes stay (their kubelets registered them once); kwok's go.
+    listed = await kapi.get(NODES, labelSelector=f"!{LABEL_REAL}")
     await asyncio.gather(
         *(kapi.delete_if_present(f"{NODES}/{n['metadata']['name']}") for n in listed["items"])
     )
@@ -67,13 +70,18 @@ async def _force_delete_bound_pods(kapi: Kube, timeout_s: float = 30.0) -> None:
     gone: nw-.../workload``, the readiness test's pod pinned to ``gpu-10`` (CI, and a full run
     here with the rig kept).
     """
-    pods = path_of(plural="pods")
+    all_pods = path_of(plural="pods")
+    real = {
+        n["metadata"]["name"] for n in (await kapi.get(NODES, labelSelector=LABEL_REAL))["items"]
+    }
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
+        # Only pods on simulated nodes: a real node's kubelet confirms its pods' end itself,
+        # and its cluster pods (DNS, a NATS cluster) are not a test's leftovers.
         bound = [
             p["metadata"]
-            for p in (await kapi.get(pods))["items"]
-            if (p.get("spec") or {}).get("nodeName")
+            for p in (await kapi.get(all_pods))["items"]
+            if (p.get("spec") or {}).get("nodeName") not in (None, "", *real)
         ]
         if not bound:
             return
@@ -110,6 +118,21 @@ async def cluster(rig: Rig, kapi: Kube) -> AsyncIterator[Kube]:
     await delete_stream(rig)
 
 
+async def wait_for_default_service_account(kapi: Kube, namespace: str) -> None:
+    """With real nodes the ServiceAccount admission plugin is on: a pod created before the
+    serviceaccount controller made the namespace's ``default`` account is refused."""
+    path = path_of(plural="serviceaccounts", namespace=namespace, name="default")
+    for _ in range(300):
+        try:
+            await kapi.get(path)
+            return
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no default ServiceAccount in {namespace} after 30s")
+
+
 @dataclass
 class Services:
     fleet: Fleet
@@ -137,6 +160,8 @@ async def services(
     test failed, what the services logged above info level is printed with its report."""
     ns = f"nw-{uuid.uuid4().hex[:8]}"
     await manifests.ensure_namespace(cluster, ns)
+    if rig.real is not None:
+        await wait_for_default_service_account(cluster, ns)
     fleet = Fleet(
         rig,
         namespace=ns,
@@ -186,18 +211,61 @@ class Sampler:
             self._task = None
 
 
+@dataclass(frozen=True)
+class LedgerPod:
+    """What a NodeWright pod was for: its node, role, package, stage, attempt and cycle."""
+
+    name: str
+    node: str
+    role: str
+    package: str
+    stage: str
+    attempt: str
+    cycle: str
+
+    @classmethod
+    def of(cls, pod: dict[str, Any]) -> LedgerPod:
+        meta = pod["metadata"]
+        labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
+        return cls(
+            name=meta["name"],
+            node=notes.get(pods.ANN_NODE, ""),
+            role=labels.get(pods.LABEL_ROLE, ""),
+            package=labels.get(pods.LABEL_PACKAGE, ""),
+            stage=labels.get(pods.LABEL_STAGE, ""),
+            attempt=notes.get(pods.ANN_ATTEMPT, ""),
+            cycle=notes.get(pods.ANN_CYCLE, ""),
+        )
+
+
 @dataclass
 class PodLedger:
-    """Every NodeWright pod ever created in a namespace: name -> set of UIDs."""
+    """Every NodeWright pod ever created in a namespace: name -> set of UIDs, and what
+    each name was for."""
 
     uids: dict[str, set[str]] = field(default_factory=dict)
+    pods: dict[str, LedgerPod] = field(default_factory=dict)
 
     def on_change(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         if new is not None:
             self.uids.setdefault(new["metadata"]["name"], set()).add(new["metadata"]["uid"])
+            self.pods.setdefault(new["metadata"]["name"], LedgerPod.of(new))
 
     def duplicates(self) -> dict[str, set[str]]:
         return {name: uids for name, uids in self.uids.items() if len(uids) > 1}
+
+    def of_role(self, role: str, stage: str = "") -> list[LedgerPod]:
+        return [p for p in self.pods.values() if p.role == role and (not stage or p.stage == stage)]
+
+    def repeated(self) -> dict[str, list[str]]:
+        """ "node role package/stage" that got more than one pod name (a step run again: a
+        new attempt or cycle) -> "attempt N, cycle C" of each, to say which in a failure."""
+        groups: dict[str, list[str]] = {}
+        for p in self.pods.values():
+            groups.setdefault(f"{p.node} {p.role} {p.package}/{p.stage}", []).append(
+                f"attempt {p.attempt}, cycle {p.cycle}"
+            )
+        return {k: sorted(v) for k, v in sorted(groups.items()) if len(v) > 1}
 
 
 @contextlib.asynccontextmanager
@@ -221,3 +289,10 @@ async def pod_ledger(kapi: Kube, namespace: str) -> AsyncIterator[PodLedger]:
 
 async def read_cr(kapi: Kube, name: str) -> api.NodeWright:
     return api.from_dict(await kapi.get(f"{manifests.NODEWRIGHTS}/{name}"), api.NodeWright)
+
+
+async def cr_ready(kapi: Kube, name: str) -> bool | Pending:
+    """NodeWright ``name`` is Ready; else how many nodes are complete (for ``eventually``)."""
+    obj = await read_cr(kapi, name)
+    ready = any(c.type == "Ready" and c.status == "True" for c in obj.status.conditions)
+    return ready or Pending(obj.status.complete_nodes)

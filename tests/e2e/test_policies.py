@@ -27,6 +27,8 @@ from nodewright.rig import nodes
 from services.status import kube_events
 from shared import api, nodestate, podspec, progress
 from shared.kube import ApiError, Kube, path_of
+from shared.records.scheduler import Selection
+from shared.rollout import book as rollout_book
 from tests.e2e.conftest import NODES, Sampler, Services, read_cr
 from tests.helpers.waiting import Pending, eventually
 
@@ -84,11 +86,11 @@ async def _nodes(kapi: Kube, names: list[str], **labels: str) -> list[str]:
     return created
 
 
-async def _selections(kapi: Kube, cr: str) -> dict[str, nodestate.Selection]:
+async def _selections(kapi: Kube, cr: str) -> dict[str, Selection]:
     listed = await kapi.get(NODES)
     out = {}
     for n in listed["items"]:
-        sel = nodestate.read(n, nodestate.SCHEDULER, cr, nodestate.Selection)
+        sel = nodestate.read(n, nodestate.SCHEDULER, cr, Selection)
         if sel is not None:
             out[n["metadata"]["name"]] = sel
     return out
@@ -179,7 +181,9 @@ async def test_linear_growth_runs_exactly_the_batches_nodewright_plan_predicts(
     doc = await plan_cmd.plan_for(kapi, "lin", datetime.now(UTC))
     planned = {(b["compartment"], b["batch"]): set(b["nodes"]) for b in doc["batches"]}
     assert [b["size"] for b in doc["batches"]] == [1, 2, 3, 4]
-    assert "__default__ batch 1: 1 nodes" in plan_cmd.render(doc)
+    # The plan's table: batch 1 of __default__ holds 1 node.
+    rows = [line.split() for line in plan_cmd.render(doc).splitlines()]
+    assert any(row[:4] == ["__default__", "1", "1", "planned"] for row in rows), rows
     planned_orders = {
         n: o for b in doc["batches"] for n, o in zip(b["nodes"], b["orders"], strict=True)
     }
@@ -246,7 +250,7 @@ async def test_a_failing_compartment_stops_alone_and_resumes_after_a_reset(
     async def settled() -> bool:
         turns = await _done(kapi, "gates")
         cr = await read_cr(kapi, "gates")
-        book = progress.read_batch_book(cr.metadata.annotations)
+        book = rollout_book.read_batch_book(cr.metadata.annotations)
         stopped = book.compartments.get("bad")
         return (
             all(turns[n] == "done" for n in good) and stopped is not None and stopped.state.stopped
@@ -288,12 +292,16 @@ async def test_a_failing_compartment_stops_alone_and_resumes_after_a_reset(
     assert ("bad", "BatchStarted", "Normal", "1") in stopped
     assert ("bad", "BatchFinished", "Warning", "2") in stopped, "the second failed batch"
     assert not any(e[1] == "BatchStarted" and e[3] == "3" for e in stopped), "no third batch"
-    assert ("good", "CompartmentCompleted", "Normal", "") in story
+    # A compartment's completion is an Event only in verbose mode (the rollout's completion
+    # is one anyway): the status says it.
+    assert not any(e[1] == "CompartmentCompleted" for e in story), story
+    comps = {c.name: c for c in (await read_cr(kapi, "gates")).status.compartments}
+    assert comps["good"].complete_nodes == comps["good"].matched_nodes == len(good)
 
     # Reset by command: the stopped compartment starts again at batch 1.
     await kapi.patch(
         f"{manifests.NODEWRIGHTS}/gates",
-        {"metadata": {"annotations": {progress.RESET_ANNOTATION: "reset-1"}}},
+        {"metadata": {"annotations": {rollout_book.RESET_ANNOTATION: "reset-1"}}},
     )
 
     async def resumed() -> bool:
@@ -387,13 +395,10 @@ async def test_a_window_closing_mid_rollout_lets_running_nodes_finish_and_starts
     left = len(names) - len(started)
     assert comp.waiting_message.startswith(f"outside every maintenance window ({left} nodes, e.g.")
 
-    async def waiting_event() -> bool:
-        seen = await _compartment_events(kapi, "win")
-        return (progress.DEFAULT_COMPARTMENT, "CompartmentWaiting", "Normal", "") in [
-            (c, r, t, "") for c, r, t, _ in seen
-        ]
-
-    await eventually(waiting_event, what="the CompartmentWaiting Event")
+    # The wait is in the status (above) and the nodes' reasons; a CompartmentWaiting Event
+    # only in verbose mode (NODEWRIGHT_STATUS_VERBOSE_EVENTS).
+    seen = await _compartment_events(kapi, "win")
+    assert not any(r == "CompartmentWaiting" for _, r, _, _ in seen), seen
 
 
 def _started(log: BatchLog, compartment: str, batch: int) -> datetime:
@@ -466,8 +471,10 @@ async def test_three_compartments_with_their_own_strategies_progress_independent
     # All three began together, and the fast compartments went on to their last batches while
     # the slow one was still on its first: no compartment waits for another.
     assert max(_started(log, c, 1) for c in sizes) < min(_started(log, c, 2) for c in sizes)
-    assert _started(log, "fixed-a", 2) < _started(log, "exp-c", 2)
-    assert _started(log, "linear-b", 3) < _started(log, "exp-c", 2)
+    # At the probe's resolution: two batches first seen by the same probe started together
+    # as far as it can tell.
+    assert _started(log, "fixed-a", 2) <= _started(log, "exp-c", 2)
+    assert _started(log, "linear-b", 3) <= _started(log, "exp-c", 2)
     assert frozenset(sizes) in log.at_once, "nodes of all three compartments in flight at once"
 
 
@@ -667,7 +674,7 @@ async def test_a_paused_nodewright_starts_nothing_until_it_is_unpaused(
         async def paused() -> bool:
             cr = await read_cr(kapi, "pz")
             waiting = {d.node: d.reason for d in cr.status.node_details}
-            book = progress.read_batch_book(cr.metadata.annotations)
+            book = rollout_book.read_batch_book(cr.metadata.annotations)
             return (
                 cr.status.state == "Paused"
                 and waiting == dict.fromkeys(names, "Paused")
@@ -680,7 +687,7 @@ async def test_a_paused_nodewright_starts_nothing_until_it_is_unpaused(
         await asyncio.sleep(3)
         assert log.seen == {}, "nothing started while paused"
         cr = await read_cr(kapi, "pz")
-        book = progress.read_batch_book(cr.metadata.annotations)
+        book = rollout_book.read_batch_book(cr.metadata.annotations)
         assert all(not c.nodes for c in book.compartments.values()), "no batch opened"
         await kapi.patch(
             f"{manifests.NODEWRIGHTS}/pz",

@@ -105,5 +105,7 @@ async def test_a_rollout_works_with_least_privilege_service_accounts(
     )
     assert not [p for p in evicted["items"] if not p["metadata"].get("deletionTimestamp")]
     events = await kapi.get(path_of(plural="events", namespace="default"))
-    assert any(e.get("reason") == "NodeCompleted" for e in events["items"]), "status wrote Events"
+    assert any(e.get("reason") == "RolloutComplete" for e in events["items"]), (
+        "the status service wrote Events with its own account"
+    )
     services.fleet.check_alive()

@@ -13,16 +13,18 @@ import asyncio
 import sys
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from nodewright import manifests
-from nodewright.rig import nodes
+from nodewright.rig import Rig, nodes
 from services.validator import core
 from shared import api, podspec, progress
 from shared.kube import Kube, path_of
 from tests.e2e.conftest import NODES, Sampler, Services, read_cr
+from tests.helpers.bus import nudge
 from tests.helpers.waiting import eventually
 
 pytestmark = pytest.mark.timeout(600)
@@ -102,6 +104,22 @@ async def _create_slow_nodes(kapi: Kube, names: list[str], stage_duration: str) 
         await kapi.create(NODES, body)
 
 
+STREAM = "NODEWRIGHT"
+
+
+async def _past_the_second_of(kapi: Kube, names: list[str]) -> None:
+    """Until the clock is past the second the nodes were created in."""
+    created = [
+        datetime.fromisoformat((await kapi.get(f"{NODES}/{n}"))["metadata"]["creationTimestamp"])
+        for n in names
+    ]
+
+    async def later() -> bool:
+        return datetime.now(UTC).replace(microsecond=0) > max(created)
+
+    await eventually(later, timeout_s=5, interval_s=0.05, what="the next second")
+
+
 def _scheduled(pod: dict[str, Any]) -> tuple[str, str]:
     """(nodeName, the scheduler's message when it could not place the pod)."""
     message = ""
@@ -112,7 +130,7 @@ def _scheduled(pod: dict[str, Any]) -> tuple[str, str]:
 
 
 async def test_only_nodes_created_after_the_nodewright_are_tainted_until_validated_once(
-    cluster: Kube, services: Services
+    rig: Rig, cluster: Kube, services: Services
 ) -> None:
     kapi, ns = cluster, services.namespace
     await nodes.create_nodes(kapi, OLD, labels=GPU)
@@ -120,7 +138,7 @@ async def test_only_nodes_created_after_the_nodewright_are_tainted_until_validat
     await asyncio.to_thread(services.fleet.start_all)
     # creationTimestamps have whole seconds and a node created in the NodeWright's second
     # counts as new: make the existing nodes strictly older.
-    await asyncio.sleep(1.1)
+    await _past_the_second_of(kapi, OLD)
     await manifests.apply(kapi, _cr("first"))
 
     async with Sampler(lambda: _look(kapi, "first"), interval_s=0.1) as samples:
@@ -167,8 +185,15 @@ async def test_only_nodes_created_after_the_nodewright_are_tainted_until_validat
                 return (await pod_and_taint())[0][0]
 
             assert await eventually(bound, what="the workload to be scheduled") == PINNED
-        # Long enough for a periodic resync (10 s in these tests) to look at every node again.
-        await asyncio.sleep(11)
+        # The validator looks at every node again (what a periodic resync would do).
+        await nudge(
+            rig.endpoints.nats_url,
+            STREAM,
+            cr="first",
+            nodes=OLD + NEW,
+            durable="validator",
+            tag="first",
+        )
 
     looks: list[dict[str, Look]] = samples.samples
     final = looks[-1]
@@ -195,11 +220,18 @@ async def test_only_nodes_created_after_the_nodewright_are_tainted_until_validat
 
     # A second auto-taint NodeWright comes after every node: it taints none of them, neither
     # while it works on them nor afterwards.
-    await asyncio.sleep(1.1)
+    await _past_the_second_of(kapi, OLD + NEW)
     await manifests.apply(kapi, _cr("second"))
     async with Sampler(lambda: _look(kapi, "second"), interval_s=0.1) as second:
         await _wait_done(kapi, "second", OLD + NEW, "the second NodeWright to be done")
-        await asyncio.sleep(3)
+        await nudge(
+            rig.endpoints.nats_url,
+            STREAM,
+            cr="second",
+            nodes=OLD + NEW,
+            durable="validator",
+            tag="second",
+        )
     assert second.samples
     tainted = {n for s in second.samples for n, look in s.items() if look.tainted}
     assert not tainted, f"the second NodeWright tainted {sorted(tainted)}"

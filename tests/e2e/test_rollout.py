@@ -17,6 +17,7 @@ from nodewright import manifests
 from nodewright.rig import Rig, nodes
 from shared import api, nodestate, pods, progress
 from shared.kube import Kube, path_of
+from shared.records.scheduler import Selection
 from tests.e2e.conftest import NODES, Sampler, Services, pod_ledger, read_cr
 from tests.helpers.waiting import Pending, eventually
 
@@ -253,7 +254,9 @@ async def test_a_failing_package_fails_its_node_with_a_reason_and_the_budget_hol
     async def warning_event() -> bool:
         listed = await kapi.get(path_of(plural="events"), fieldSelector="type=Warning")
         return any(
-            "gpu-00" in (e.get("message") or "") and e.get("reason") == "StageFailed"
+            "gpu-00" in (e.get("message") or "")
+            and e.get("reason") == "NodeFailed"
+            and "StageFailed" in (e.get("message") or "")
             for e in listed["items"]
         )
 
@@ -303,7 +306,7 @@ async def test_crashes_and_a_nats_restart_do_not_change_the_outcome(
         rec = facts.executor.packages["tuning"]
         assert rec.installed == "1.0.0"
         assert rec.attempt == 1, "no stage ran more than once"
-        assert nodestate.read(node, nodestate.SCHEDULER, "chaos", nodestate.Selection) is None
+        assert nodestate.read(node, nodestate.SCHEDULER, "chaos", Selection) is None
 
 
 async def test_two_replicas_of_every_service_give_the_same_result(
@@ -330,5 +333,6 @@ async def test_two_replicas_of_every_service_give_the_same_result(
         assert time.monotonic() - t0 < 300
         assert max(cordons.samples) <= 4
         assert not ledger.duplicates(), "two replicas created the same pod twice"
+        assert ledger.repeated() == {}, "no step run twice (a new attempt or cycle)"
         # 16 nodes x (apply, config) stage pods + as many check pods, each exactly once.
         assert len(ledger.uids) == 16 * 4

@@ -18,7 +18,8 @@ from services.scheduler.core import FINALIZER
 from shared import api, nodestate
 from shared.kube import ApiError, Kube
 from tests.e2e.conftest import NODES, Sampler, Services, read_cr
-from tests.e2e.test_lifecycle import _cr, _executor, _patch_cr, _start, _wait_done, pod_log
+from tests.e2e.test_lifecycle import _cr, _executor, _patch_cr, _start, _wait_done
+from tests.helpers.podlog import pod_log
 from tests.helpers.waiting import eventually
 
 pytestmark = pytest.mark.timeout(400)

@@ -11,17 +11,14 @@ import pytest
 
 from services.executor import core
 from shared import nodestate, pods, podspec, progress
-from shared.nodestate import (
-    CheckRecord,
-    DrainRecord,
-    ExecutorRecord,
-    PackageRecord,
-    Selection,
-    ValidatorRecord,
-)
+from shared.decisions import Keep
 from shared.pods import PodView
 from shared.podspec import PodRequest
-from tests.helpers.facts import T0, node, nodewright
+from shared.records.drainer import DrainRecord
+from shared.records.executor import ExecutorRecord, PackageRecord
+from shared.records.scheduler import Selection
+from shared.records.validator import CheckRecord, ValidatorRecord
+from tests.helpers.facts import T0, node, nodewright, written
 
 CR = "gpu-node-tuning"
 SEL = Selection(
@@ -53,6 +50,7 @@ def _pod(req: PodRequest, phase: str, **kw: Any) -> PodView:
         stage=req.stage,
         version=req.version,
         attempt=req.attempt,
+        cycle=req.cycle,
         phase=phase,
         deleting=False,
         created=T0,
@@ -61,8 +59,7 @@ def _pod(req: PodRequest, phase: str, **kw: Any) -> PodView:
 
 
 def _rec(d: core.Decision) -> ExecutorRecord:
-    assert d.record is not None
-    return d.record
+    return written(d.record, ExecutorRecord)
 
 
 def test_a_fresh_node_starts_apply_then_config_after_each_check_passes() -> None:
@@ -83,7 +80,7 @@ def test_a_fresh_node_starts_apply_then_config_after_each_check_passes() -> None
     assert _rec(d2).packages["nvidia-tuned"].state == "succeeded"
     assert d2.create == ()
     d3 = core.decide(cr=cr, node=_facts(_rec(d2)), node_pods=[_pod(req, "Succeeded")], now=T0)
-    assert d3.record is None
+    assert isinstance(d3.record, Keep)
     assert d3.create == ()
 
     # Check passed: the apply pod goes, config starts.
@@ -146,7 +143,7 @@ def test_an_unpullable_image_fails_after_the_grace_period_naming_the_image() -> 
         now=T0 + timedelta(seconds=5),
         image_pull_grace_s=30,
     )
-    assert early.record is None
+    assert isinstance(early.record, Keep)
     assert early.requeue_after is not None
     assert early.requeue_after <= 25
     late = core.decide(
@@ -301,7 +298,7 @@ def test_interrupts_merge_into_one_reboot_that_is_judged_by_the_boot_id() -> Non
     same_boot = core.decide(
         cr=cr, node=_facts(_rec(d1), boot_id="boot-1"), node_pods=[_pod(req, "Succeeded")], now=T0
     )
-    assert same_boot.record is None
+    assert isinstance(same_boot.record, Keep)
     # The container dies with the reboot (exit 143): still not a failure.
     killed = core.decide(
         cr=cr,
@@ -309,12 +306,12 @@ def test_interrupts_merge_into_one_reboot_that_is_judged_by_the_boot_id() -> Non
         node_pods=[_pod(req, "Failed", exit_code=143)],
         now=T0,
     )
-    assert killed.record is None
+    assert isinstance(killed.record, Keep)
     # New boot ID but the node is not Ready yet: not done.
     not_ready = core.decide(
         cr=cr, node=_facts(_rec(d1), boot_id="boot-2", ready=False), node_pods=[], now=T0
     )
-    assert not_ready.record is None
+    assert isinstance(not_ready.record, Keep)
     # New boot ID and Ready: post-interrupt for both packages.
     done = core.decide(
         cr=cr,
@@ -430,7 +427,7 @@ def test_a_config_change_cycle_waits_for_its_own_check_and_then_finishes() -> No
     d3 = core.decide(
         cr=after, node=_facts(_rec(d2), stale), node_pods=[_pod(cfg, "Succeeded")], now=T0
     )
-    assert d3.record is None
+    assert isinstance(d3.record, Keep)
     assert d3.create == ()
 
     # Its own check (attempt 2) passed: the new configuration is installed.

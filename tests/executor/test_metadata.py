@@ -14,6 +14,8 @@ import pytest
 from services.executor import metadata
 from shared import api, nodestate, podspec, progress
 from shared.podspec import PodRequest
+from shared.records.executor import ExecutorRecord
+from shared.records.scheduler import Selection
 from tests.helpers.facts import T0, node, nodewright
 
 CR = "gpu-node-tuning"
@@ -24,7 +26,7 @@ LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 
 def _node(**kw: Any) -> dict[str, Any]:
     """A GPU node with user annotations, NodeWright's own records and look-alikes."""
-    record = nodestate.Selection(
+    record = Selection(
         generation=1, compartment="default", batch=1, selected_at=T0, disruptive=True, target="t"
     )
     obj = node(
@@ -187,9 +189,7 @@ def _with_records_changed() -> dict[str, Any]:
     """The node after the services wrote their records and the node reported status."""
     obj = _node(boot_id="boot-2", ready=False)
     ann = obj["metadata"]["annotations"]
-    ann[nodestate.key(nodestate.EXECUTOR, CR)] = msgspec.json.encode(
-        nodestate.ExecutorRecord()
-    ).decode()
+    ann[nodestate.key(nodestate.EXECUTOR, CR)] = msgspec.json.encode(ExecutorRecord()).decode()
     ann[nodestate.key(nodestate.REQUESTS, CR)] = "{}"
     ann["sim.nodewright.nvidia.com/stage-duration"] = "1h"
     obj["metadata"]["resourceVersion"] = "99"

@@ -11,21 +11,16 @@ import pytest
 
 from services.executor import core
 from shared import nodestate, progress
+from shared.decisions import Keep
 from shared.events import Reason
-from shared.nodestate import (
-    CheckRecord,
-    DrainRecord,
-    ExecutorRecord,
-    InterruptRecord,
-    PackageRecord,
-    Request,
-    Requests,
-    Selection,
-    ValidatorRecord,
-)
+from shared.nodestate import Request, Requests
 from shared.pods import PodView
 from shared.podspec import PodRequest
-from tests.helpers.facts import T0, node, nodewright
+from shared.records.drainer import DrainRecord
+from shared.records.executor import ExecutorRecord, InterruptRecord, PackageRecord
+from shared.records.scheduler import Selection
+from shared.records.validator import CheckRecord, ValidatorRecord
+from tests.helpers.facts import T0, node, nodewright, written
 
 CR = "gpu-node-tuning"
 PKG = "nvidia-tuned"
@@ -80,6 +75,10 @@ def _pkg(**kw: Any) -> PackageRecord:
     return PackageRecord(**fields)
 
 
+SPEC = progress.desired(nodewright())[PKG].spec_digest
+"""The package spec a retried attempt records it runs with."""
+
+
 def _view(req: PodRequest, phase: str) -> PodView:
     return PodView(
         name=req.name,
@@ -93,12 +92,12 @@ def _view(req: PodRequest, phase: str) -> PodView:
         phase=phase,
         deleting=False,
         created=T0,
+        cycle=req.cycle,
     )
 
 
 def _rec(d: core.Decision) -> ExecutorRecord:
-    assert d.record is not None
-    return d.record
+    return written(d.record, ExecutorRecord)
 
 
 def test_requests_are_numbered_in_order_and_only_the_last_ones_are_kept() -> None:
@@ -122,13 +121,13 @@ def test_an_undecodable_requests_annotation_reads_as_none() -> None:
         pytest.param(
             _pkg(),
             {},
-            _pkg(state="running", attempt=2, reason=None, updated=NOW),
+            _pkg(state="running", attempt=2, reason=None, updated=NOW, spec=SPEC),
             id="failed-stage-runs-again",
         ),
         pytest.param(
             _pkg(stage="config", state="succeeded", reason=None, attempt=2),
             {"config": CheckRecord(verdict="failed", at=T0, reason=BOOM, attempt=2)},
-            _pkg(stage="config", state="running", reason=None, attempt=3, updated=NOW),
+            _pkg(stage="config", state="running", reason=None, attempt=3, updated=NOW, spec=SPEC),
             id="stage-whose-check-failed-runs-again",
         ),
         pytest.param(
@@ -161,7 +160,7 @@ def test_retry_turns_what_failed_into_a_new_attempt(
         ExecutorRecord(packages={PKG: before}, honoured=2),
         _requests(("retry", "", ""), ("retry", "", ""), ("retry", "", "")),
         desired=progress.desired(nodewright()),
-        checks=validator,
+        checks=validator.checks,
         now=NOW,
     )
     # Requests 1 and 2 were honoured before: only request 3 acts (attempt + 1, not + 2).
@@ -232,7 +231,7 @@ def test_a_stale_passed_verdict_does_not_advance_a_new_attempt() -> None:
     old = ValidatorRecord(
         checks={nodestate.check_key(PKG, "0.9.0", "apply"): CheckRecord(verdict="passed", at=T0)}
     )
-    assert core.decide(cr=cr, node=_facts(rec, old), node_pods=[], now=NOW).record is None
+    assert isinstance(core.decide(cr=cr, node=_facts(rec, old), node_pods=[], now=NOW).record, Keep)
     new = ValidatorRecord(
         checks={
             nodestate.check_key(PKG, "0.9.0", "apply"): CheckRecord(
@@ -317,7 +316,7 @@ def test_rerun_restarts_a_package_cycle_or_stage(
         ExecutorRecord(packages={PKG: before, "other": _pkg(stage="config")}),
         _requests(("rerun", PKG, stage)),
         desired=progress.desired(nodewright()),
-        checks=ValidatorRecord(),
+        checks={},
         now=NOW,
     )
     new = got.packages[PKG]
@@ -337,7 +336,7 @@ def test_a_rerun_of_nothing_known_only_moves_the_mark(package: str, stage: str) 
         rec,
         _requests(("rerun", package, stage)),
         desired=progress.desired(nodewright()),
-        checks=ValidatorRecord(),
+        checks={},
         now=NOW,
     )
     assert got == ExecutorRecord(packages=rec.packages, honoured=1)

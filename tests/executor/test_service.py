@@ -30,6 +30,7 @@ from services.executor.config import Settings
 from shared import api, nodestate, pods, podspec, progress, runtime, streaming
 from shared.config import HealthSettings, KubeSettings, NatsSettings, PodSettings
 from shared.kube import ApiError, Kube, path_of
+from shared.records.scheduler import Selection
 from tests.helpers.waiting import eventually
 
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -74,7 +75,7 @@ class Harness:
 
     async def select(self, cr: api.NodeWright, node: str) -> None:
         """What the scheduler does when it admits the node (non-disruptively)."""
-        selection = nodestate.Selection(
+        selection = Selection(
             generation=cr.metadata.generation,
             compartment="default",
             batch=1,
@@ -294,16 +295,15 @@ async def test_the_metadata_config_map_precedes_the_stage_pod_follows_the_node_a
 
             # NodeWright's own annotations do not rewrite it; a label does, once.
             await h.patch_node(node, {"metadata": {"annotations": {f"{nodestate.DOMAIN}/x": "1"}}})
-            await asyncio.sleep(2)  # the executor reconciles the node in milliseconds
             await h.patch_node(node, {"metadata": {"labels": {GPU_LABEL: H100}}})
 
             async def relabelled() -> bool:
                 return await h.gpu(cr, node) == H100
 
             await eventually(relabelled, timeout_s=30, what="the new label in the ConfigMap")
-            await asyncio.sleep(2)
-            writes = [e["type"] for e in cm_events if e["type"] != "ADDED"]
-            assert writes == ["MODIFIED"]
+        # Stopped: every write it was going to make is made (the stop waits for them).
+        writes = [e["type"] for e in cm_events if e["type"] != "ADDED"]
+        assert writes == ["MODIFIED"]
 
         # The executor is stopped: only the garbage collector can delete it now.
         assert await h.config_map(cr, node) is not None
@@ -313,7 +313,12 @@ async def test_the_metadata_config_map_precedes_the_stage_pod_follows_the_node_a
             return await h.config_map(cr, node) is None
 
         await eventually(collected, timeout_s=60, what="the garbage collector to delete it")
-        assert [e["type"] for e in cm_events][-1] == "DELETED"
+
+        async def deleted_seen() -> bool:
+            return bool(cm_events) and cm_events[-1]["type"] == "DELETED"
+
+        # The watch delivers the deletion a moment after a GET no longer finds it.
+        await eventually(deleted_seen, timeout_s=30, what="the DELETED watch event")
 
 
 async def _added(seen: list[dict[str, Any]]) -> bool:

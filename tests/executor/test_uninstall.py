@@ -8,17 +8,14 @@ from typing import Any
 
 from services.executor import core
 from shared import nodestate, progress
-from shared.nodestate import (
-    CheckRecord,
-    DrainRecord,
-    ExecutorRecord,
-    PackageRecord,
-    Selection,
-    ValidatorRecord,
-)
+from shared.decisions import Keep
 from shared.pods import PodView
 from shared.podspec import PodRequest
-from tests.helpers.facts import T0, node, nodewright
+from shared.records.drainer import DrainRecord
+from shared.records.executor import ExecutorRecord, PackageRecord
+from shared.records.scheduler import Selection
+from shared.records.validator import CheckRecord, ValidatorRecord
+from tests.helpers.facts import T0, node, nodewright, written
 
 CR = "gpu-node-tuning"
 SEL = Selection(
@@ -70,6 +67,7 @@ def _pod(req: PodRequest, phase: str) -> PodView:
         stage=req.stage,
         version=req.version,
         attempt=req.attempt,
+        cycle=req.cycle,
         phase=phase,
         deleting=False,
         created=T0,
@@ -77,8 +75,7 @@ def _pod(req: PodRequest, phase: str) -> PodView:
 
 
 def _rec(d: core.Decision) -> ExecutorRecord:
-    assert d.record is not None
-    return d.record
+    return written(d.record, ExecutorRecord)
 
 
 def test_an_uninstall_without_interrupt_runs_uninstall_then_its_check_then_drops_the_record() -> (
@@ -130,7 +127,7 @@ def test_an_uninstall_with_an_interrupt_runs_it_and_skips_post_interrupt() -> No
     assert _rec(d4).packages["k"].stage == "interrupt"
     # The pod exited but the boot ID is unchanged: still uninstalling.
     same = core.decide(cr=cr, node=_facts(_rec(d4)), node_pods=[_pod(intr, "Succeeded")], now=T0)
-    assert same.record is None
+    assert isinstance(same.record, Keep)
     # The boot ID changed: the uninstall is done; no post-interrupt stage.
     rebooted = progress.facts(
         node(
@@ -167,7 +164,7 @@ def test_cancelling_before_the_interrupt_reinstalls_from_apply() -> None:
         cr=cancelled, node=_facts(_rec(d1)), node_pods=[_pod(req, "Running")], now=T0
     )
     assert running.create == ()
-    assert running.record is None
+    assert isinstance(running.record, Keep)
     done = core.decide(
         cr=cancelled, node=_facts(_rec(d1)), node_pods=[_pod(req, "Succeeded")], now=T0
     )
@@ -221,7 +218,7 @@ def test_a_node_without_the_package_has_nothing_to_uninstall() -> None:
     cr = nodewright(packages={"k": _pkg(True)})
     d = core.decide(cr=cr, node=_facts(ExecutorRecord()), node_pods=[], now=T0)
     assert d.create == ()
-    assert d.record is None
+    assert isinstance(d.record, Keep)
 
 
 def test_an_uninstall_drains_only_when_it_runs_an_interrupt() -> None:

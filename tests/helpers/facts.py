@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
-from shared import api, nodestate
+from shared import api, decisions, nodestate
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -72,3 +72,13 @@ def node(
             "nodeInfo": {"bootID": boot_id},
         },
     }
+
+
+R = TypeVar("R", bound=msgspec.Struct)
+
+
+def written(change: decisions.RecordChange, kind: type[R]) -> R:
+    """The record a decision writes; fails the test when the decision keeps or removes it."""
+    assert isinstance(change, decisions.Write), f"expected a write, got {change!r}"
+    assert isinstance(change.record, kind), change.record
+    return change.record

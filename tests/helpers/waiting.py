@@ -24,7 +24,7 @@ class Pending:
 
 
 async def eventually(
-    probe: Callable[[], Awaitable[T]],
+    probe: Callable[[], Awaitable[T | Pending]],
     *,
     timeout_s: float = 60.0,
     interval_s: float = 0.2,
@@ -32,10 +32,11 @@ async def eventually(
 ) -> T:
     """Poll ``probe`` until it returns a truthy value and return it; fail naming ``what``."""
     deadline = time.monotonic() + timeout_s
-    last: T | None = None
+    last: T | Pending | None = None
     while time.monotonic() < deadline:
         last = await probe()
         if last:
+            assert not isinstance(last, Pending)  # a Pending is always falsy
             return last
         await asyncio.sleep(interval_s)
     pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}; last value: {last!r}")

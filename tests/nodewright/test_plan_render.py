@@ -14,10 +14,13 @@ import msgspec
 
 from nodewright import plan_cmd
 from shared import api, nodestate, progress
-from shared.nodestate import ExecutorRecord, PackageRecord, Selection, ValidatorRecord
+from shared.records.executor import ExecutorRecord, PackageRecord
+from shared.records.scheduler import Selection
+from shared.records.validator import ValidatorRecord
+from shared.rollout import book as rollout_book, rules as rollout_rules
 from tests.helpers.facts import T0, node, nodewright
 
-HEADER = "COMPARTMENT          STRATEGY     NODES  BUDGET  BUSY  BATCH  STOPPED"
+HEADER = "COMPARTMENT   STRATEGY      NODES   BUDGET   BUSY   BATCH   STATE"
 
 
 def _policy(spec: Mapping[str, Any]) -> api.DeploymentPolicy:
@@ -141,19 +144,24 @@ def test_a_fresh_rollout_lists_every_compartment_and_batch() -> None:
     assert plan_cmd.render(doc).splitlines() == [
         "NodeWright gpu-node-tuning",
         HEADER,
-        "canary               fixed            2       1     0      1  False",
-        "bulk                 exponential      6       3     0      1  False",
-        "__default__          linear           3       4     0      1  False",
+        "canary        fixed         2       1        0      1       next batch pending",
+        "bulk          exponential   6       3        0      1       next batch pending",
+        "__default__   linear        3       4        0      1       next batch pending",
         "",
         "BATCHES (assuming each succeeds)",
-        "  canary batch 1: 1 nodes: n00",
-        "  bulk batch 1: 1 nodes: n02",
-        "  __default__ batch 1: 1 nodes: n08",
-        "  canary batch 2: 1 nodes: n01",
-        "  bulk batch 2: 2 nodes: n03, n04",
-        "  __default__ batch 2: 2 nodes: n09, n10",
-        "  bulk batch 3: 3 nodes: n05, n06, n07",
+        "COMPARTMENT   BATCH   SIZE   STATE     NODES",
+        "canary        1       1      planned   n00",
+        "bulk          1       1      planned   n02",
+        "__default__   1       1      planned   n08",
+        "canary        2       1      planned   n01",
+        "bulk          2       2      planned   n03, n04",
+        "__default__   2       2      planned   n09, n10",
+        "bulk          3       3      planned   n05, n06, n07",
     ]
+    # -o wide adds the node order each node will get.
+    wide = plan_cmd.render(doc, wide=True).splitlines()
+    assert wide[7] == "COMPARTMENT   BATCH   SIZE   STATE     ORDERS     NODES"
+    assert wide[-1] == "bulk          3       3      planned   8, 9, 10   n05, n06, n07"
 
 
 def _in_flight(*, paused: bool) -> dict[str, Any]:
@@ -169,17 +177,17 @@ def _in_flight(*, paused: bool) -> dict[str, Any]:
             "maintenanceWindows": [window],
         }
     )
-    book = progress.BatchBook(
+    book = rollout_book.BatchBook(
         compartments={
-            progress.DEFAULT_COMPARTMENT: progress.CompartmentBatch(
+            rollout_rules.DEFAULT_COMPARTMENT: rollout_book.CompartmentBatch(
                 state=api.BatchState(current_batch=2, batch_size=2, total_succeeded_nodes=1),
                 nodes=("n01", "n02"),
                 planned=2,
             )
         },
-        versions=progress.versions_digest(nodewright()),
+        versions=rollout_book.versions_digest(nodewright()),
     )
-    annotations = {progress.BATCHES_ANNOTATION: progress.encode_batch_book(book)}
+    annotations = {rollout_book.BATCHES_ANNOTATION: rollout_book.encode_batch_book(book)}
     if paused:
         annotations[api.PAUSE_ANNOTATION] = "true"
     cr = nodewright(deploymentPolicy="p", annotations=annotations)
@@ -205,13 +213,14 @@ def test_a_rollout_in_flight_shows_its_batch_state_busy_nodes_and_a_closed_windo
     assert plan_cmd.render(doc).splitlines() == [
         "NodeWright gpu-node-tuning",
         "  outside every maintenance window: batches start when one opens",
-        HEADER,
-        "__default__          linear           7       3     2      2  False",
+        "COMPARTMENT   STRATEGY   NODES   BUDGET   BUSY   BATCH   STATE",
+        "__default__   linear     7       3        2      2       batch in flight",
         "",
         "BATCHES (assuming each succeeds)",
-        "  __default__ batch 2: 2 nodes (in flight): n01, n02",
-        "  __default__ batch 3: 3 nodes: n03, n04, n05",
-        "  __default__ batch 4: 1 nodes: n06",
+        "COMPARTMENT   BATCH   SIZE   STATE       NODES",
+        "__default__   2       2      in flight   n01, n02",
+        "__default__   3       3      planned     n03, n04, n05",
+        "__default__   4       1      planned     n06",
     ]
 
 
@@ -223,11 +232,12 @@ def test_a_paused_rollout_lists_only_the_batch_in_flight() -> None:
         "NodeWright gpu-node-tuning",
         "  paused",
         "  outside every maintenance window: batches start when one opens",
-        HEADER,
-        "__default__          linear           7       3     2      2  False",
+        "COMPARTMENT   STRATEGY   NODES   BUDGET   BUSY   BATCH   STATE",
+        "__default__   linear     7       3        2      2       batch in flight",
         "",
         "BATCHES (assuming each succeeds)",
-        "  __default__ batch 2: 2 nodes (in flight): n01, n02",
+        "COMPARTMENT   BATCH   SIZE   STATE       NODES",
+        "__default__   2       2      in flight   n01, n02",
     ]
 
 
@@ -237,10 +247,26 @@ def test_a_complete_rollout_has_nothing_left_and_no_policy_means_no_strategy() -
     doc = plan_cmd.document(cr, None, nodes, T0)
     assert plan_cmd.render(doc).splitlines() == [
         "NodeWright gpu-node-tuning",
-        HEADER,
-        "__default__          none             2       2     0      1  False",
+        "COMPARTMENT   STRATEGY   NODES   BUDGET   BUSY   BATCH   STATE",
+        "__default__   none       2       2        0      1       done",
         "",
-        "BATCHES (assuming each succeeds)",
-        "  none: nothing left to do",
+        "BATCHES (assuming each succeeds): none, nothing left to do",
     ]
     assert doc["batches"] == []
+
+
+def test_a_stopped_compartment_says_why_instead_of_a_boolean() -> None:
+    """``plan`` printed ``STOPPED False`` for every compartment; the state is words now."""
+    doc = _in_flight(paused=False)
+    doc["compartments"][0]["batch"] |= {
+        "stopped": True,
+        "stopReason": "FailedBatchesLimit",
+        "batchSize": 0,
+    }
+    text = plan_cmd.render(doc)
+    assert (
+        "__default__   linear     7       3        2      2       stopped (FailedBatchesLimit)"
+        in (text.splitlines())
+    )
+    assert "False" not in text
+    assert "True" not in text

@@ -1,5 +1,6 @@
 """Deleting a NodeWright: its finalizer uninstalls the uninstall-enabled packages through the
-ordinary rollout, then leaves the nodes clean (pure cores, no I/O)."""
+ordinary rollout; once it is gone each service removes its own records (pure cores, no
+I/O)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,18 @@ from typing import Any
 import msgspec
 
 from services.drainer import core as drainer_core
+from services.executor import core as executor_core
 from services.scheduler import core
 from services.status import core as status_core
+from services.validator import core as validator_core
 from shared import api, nodestate, progress
-from shared.nodestate import DrainRecord, ExecutorRecord, PackageRecord, Selection
+from shared.decisions import Keep, Remove
+from shared.records.drainer import DrainRecord
+from shared.records.executor import ExecutorRecord, PackageRecord
+from shared.records.scheduler import Selection
+from shared.records.validator import ValidatorRecord
+from shared.rollout import kernel
+from shared.rollout.book import BatchBook
 from tests.helpers.facts import T0, node, nodewright
 
 CR = "gpu-node-tuning"
@@ -90,7 +99,13 @@ def test_during_a_deletion_only_nodes_with_the_package_installed_have_work() -> 
     assert progress.turn(cr, with_it) == "scheduler"
     assert progress.turn(cr, without) == "done", "never admitted, never cordoned"
     assert progress.turn(cr, other_only) == "done"
-    plan = core.plan(cr=cr, policy=None, nodes=[with_it, without, other_only], now=T0)
+    plan = kernel.plan(
+        cr=cr,
+        policy=None,
+        nodes=[with_it, without, other_only],
+        book=BatchBook(),
+        ctx=kernel.Context(now=T0),
+    )
     assert [a.node for a in plan.admit] == ["a"]
     assert plan.admit[0].selection.disruptive, "the package's reboot needs a drained node"
 
@@ -126,38 +141,28 @@ def test_the_finalizer_is_added_to_a_live_nodewright_and_kept_until_nothing_is_p
     assert core.finalizer(_cr(), pending[3:]).action == "remove"
 
 
-def test_cleanup_keeps_the_record_of_packages_still_installed_and_drops_the_rest() -> None:
-    kept = node(
-        "kept",
-        records={
-            nodestate.EXECUTOR: _installed("driver"),
-            nodestate.VALIDATOR: nodestate.ValidatorRecord(validated="x"),
-        },
+def test_once_the_nodewright_is_gone_each_owner_removes_only_its_own_record() -> None:
+    """Nothing removes another service's record any more (the scheduler's cleanup patch did):
+    the executor keeps a record that still tracks installed packages (a NodeWright of the
+    same name created later does not install them again) and drops the rest, an undecodable
+    one too; the validator drops its record; the requests annotation is the CLI's."""
+    kept = progress.facts(node("kept", records={nodestate.EXECUTOR: _installed("driver")}), CR)
+    assert isinstance(executor_core.forget(kept, CR).record, Keep)
+    emptied = progress.facts(node("emptied", records={nodestate.EXECUTOR: ExecutorRecord()}), CR)
+    # An empty record is no record: nothing to remove, nothing kept.
+    assert isinstance(executor_core.forget(emptied, CR).record, Keep)
+    uninstalled = progress.facts(
+        node("done", records={nodestate.EXECUTOR: ExecutorRecord(honoured=3)}), CR
     )
-    kept["metadata"]["annotations"][nodestate.key(nodestate.REQUESTS, CR)] = "{}"
-    kept["metadata"]["annotations"][nodestate.key(nodestate.VALIDATOR, "other")] = "{}"
-    assert core.cleanup_patch(kept, CR) == {
-        "metadata": {
-            "annotations": {
-                nodestate.key(nodestate.VALIDATOR, CR): None,
-                nodestate.key(nodestate.REQUESTS, CR): None,
-            },
-            "resourceVersion": "1",
-        }
-    }
-    emptied = node("emptied", records={nodestate.EXECUTOR: ExecutorRecord()})
-    assert core.cleanup_patch(emptied, CR) == {
-        "metadata": {
-            "annotations": {nodestate.key(nodestate.EXECUTOR, CR): None},
-            "resourceVersion": "1",
-        }
-    }
+    assert isinstance(executor_core.forget(uninstalled, CR).record, Remove)
     garbage = node("garbage")
     garbage["metadata"]["annotations"][nodestate.key(nodestate.EXECUTOR, CR)] = "{not json"
-    patch = core.cleanup_patch(garbage, CR)
-    assert patch is not None
-    assert patch["metadata"]["annotations"] == {nodestate.key(nodestate.EXECUTOR, CR): None}
-    assert core.cleanup_patch(node("clean"), CR) is None
+    assert isinstance(executor_core.forget(progress.facts(garbage, CR), CR).record, Remove)
+    verdicts = progress.facts(
+        node("v", records={nodestate.VALIDATOR: ValidatorRecord(validated="x")}), CR
+    )
+    assert isinstance(validator_core.forget(verdicts, CR).record, Remove)
+    assert isinstance(validator_core.forget(progress.facts(node("clean"), CR), CR).record, Keep)
 
 
 def test_the_drainer_keeps_a_deleting_nodewrights_cordon_until_its_uninstall_finished() -> None:

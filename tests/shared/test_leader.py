@@ -98,6 +98,7 @@ async def test_a_holder_clock_running_ahead_does_not_keep_a_dead_lease_forever(
     b = _elector(kapi, namespace, "b")
     async with running(b):
         await asyncio.wait_for(b.became_leader.wait(), 6)
+        assert b.is_leader
 
 
 async def test_a_lease_long_dead_by_any_clock_is_taken_at_once(kapi: Kube, namespace: str) -> None:
@@ -105,6 +106,7 @@ async def test_a_lease_long_dead_by_any_clock_is_taken_at_once(kapi: Kube, names
     b = _elector(kapi, namespace, "b")
     async with running(b):
         await asyncio.wait_for(b.became_leader.wait(), 1.5)
+        assert b.is_leader
 
 
 async def test_an_unreachable_api_server_is_not_leadership_and_never_ends_the_election(

@@ -62,3 +62,30 @@ def test_config_decodes_groups_and_rejects_unknown_or_bad_variables() -> None:
         config.load(config.ServiceSettings, {"NODEWRIGHT_NATS_URLS": "x"})
     with pytest.raises(config.ConfigError, match="NODEWRIGHT_HEALTH_PORT"):
         config.load(config.ServiceSettings, {"NODEWRIGHT_HEALTH_PORT": "70000"})
+
+
+def test_kubernetes_service_link_variables_are_not_settings() -> None:
+    """kubelet gives every pod variables for each Service of its namespace: the chart's
+    Services nodewright-validator and nodewright-scheduler-metrics make NODEWRIGHT_* ones (a
+    real install crashed on them); a misspelt setting that merely looks like one still fails."""
+    links = {
+        "NODEWRIGHT_VALIDATOR_SERVICE_HOST": "10.0.0.7",
+        "NODEWRIGHT_VALIDATOR_SERVICE_PORT": "443",
+        "NODEWRIGHT_VALIDATOR_SERVICE_PORT_WEBHOOK": "443",
+        "NODEWRIGHT_VALIDATOR_PORT": "tcp://10.0.0.7:443",
+        "NODEWRIGHT_VALIDATOR_PORT_443_TCP": "tcp://10.0.0.7:443",
+        "NODEWRIGHT_VALIDATOR_PORT_443_TCP_PROTO": "tcp",
+        "NODEWRIGHT_VALIDATOR_PORT_443_TCP_PORT": "443",
+        "NODEWRIGHT_VALIDATOR_PORT_443_TCP_ADDR": "10.0.0.7",
+        "NODEWRIGHT_SCHEDULER_METRICS_SERVICE_HOST": "10.0.0.8",
+        "NODEWRIGHT_SCHEDULER_METRICS_PORT_8080_TCP_ADDR": "10.0.0.8",
+    }
+    s = config.load(config.ServiceSettings, {**links, "NODEWRIGHT_HEALTH_PORT": "9000"})
+    assert s.health.port == 9000
+    # The settings' own names are never taken for links ...
+    assert (
+        config.load(config.ServiceSettings, {"NODEWRIGHT_HEALTH_PORT": "9001"}).health.port == 9001
+    )
+    # ... and a link-shaped name of no Service is a misspelt setting.
+    with pytest.raises(config.ConfigError, match="NODEWRIGHT_NATS_PORT"):
+        config.load(config.ServiceSettings, {"NODEWRIGHT_NATS_PORT": "4222"})

@@ -19,11 +19,19 @@ async def _stop(task: asyncio.Task[None]) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
-async def test_a_key_never_runs_twice_at_once_and_bursts_coalesce() -> None:
+async def _idle() -> None:
+    """Until every task that can run has run (no real time passes)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_a_key_never_runs_twice_at_once_and_a_burst_during_a_run_is_one_more_run() -> None:
     queue: WorkQueue[str] = WorkQueue("t")
     active: set[str] = set()
     overlaps = 0
     runs: Counter[str] = Counter()
+    gate = asyncio.Event()
+    started = asyncio.Event()
 
     async def reconcile(key: str) -> None:
         nonlocal overlaps
@@ -31,38 +39,45 @@ async def test_a_key_never_runs_twice_at_once_and_bursts_coalesce() -> None:
             overlaps += 1
         active.add(key)
         runs[key] += 1
-        await asyncio.sleep(0.05)
+        started.set()
+        await gate.wait()
         active.discard(key)
 
     task = await _running(queue, reconcile)
+    queue.add("a")
+    await started.wait()  # the first run of "a" is in progress
     for _ in range(50):
         queue.add("a")
         queue.add("b")
-        await asyncio.sleep(0.002)
-    await asyncio.sleep(0.3)
+    await _idle()
+    assert runs == Counter({"a": 1, "b": 1}), "b runs beside a; a waits for its own run"
+    gate.set()
+    assert await queue.reconcile_now("a") is True
+    assert await queue.reconcile_now("b") is True
     await _stop(task)
     assert overlaps == 0
-    # 50 adds over ~0.1 s, each run 0.05 s: a handful of runs, not fifty.
-    assert 1 <= runs["a"] <= 6
-    assert 1 <= runs["b"] <= 6
+    # 50 adds while each ran became exactly one more run, which the waits above waited for.
+    assert runs == Counter({"a": 2, "b": 2})
 
 
 async def test_reconcile_now_waits_for_a_run_that_started_after_the_call() -> None:
     queue: WorkQueue[str] = WorkQueue("t")
     seen: list[int] = []
     gate = asyncio.Event()
+    started = asyncio.Event()
     value = 0
 
     async def reconcile(key: str) -> None:
         seen.append(value)
+        started.set()
         await gate.wait()
 
     task = await _running(queue, reconcile)
     queue.add("k")
-    await asyncio.sleep(0.01)  # the first run is now in progress and saw value 0
+    await started.wait()  # the first run is now in progress and saw value 0
     value = 1
     waiting = asyncio.create_task(queue.reconcile_now("k"))
-    await asyncio.sleep(0.01)
+    await _idle()
     assert not waiting.done(), "the run in progress started before the call and does not count"
     gate.set()
     assert await waiting is True
@@ -82,10 +97,18 @@ async def test_failures_are_retried_with_backoff_and_requeue_after_is_honoured()
             return 0.05
         return None
 
-    task = await _running(queue, reconcile)
+    requeued = asyncio.Event()
+
+    async def watched(key: str) -> float | None:
+        got = await reconcile(key)
+        if calls["flaky"] >= 3 and calls["later"] >= 2:
+            requeued.set()
+        return got
+
+    task = await _running(queue, watched)
     assert await queue.reconcile_now("flaky") is False
     queue.add("later")
-    await asyncio.sleep(0.2)
+    await asyncio.wait_for(requeued.wait(), 5)
     await _stop(task)
     assert calls["flaky"] == 3
     assert calls["later"] == 2

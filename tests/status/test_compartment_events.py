@@ -14,11 +14,16 @@ import msgspec
 from services.status import assessing, core, kube_events
 from services.status.kube_events import CompartmentChange
 from shared import api, nodestate, progress
-from shared.nodestate import DrainRecord, ExecutorRecord, PackageRecord, Selection, ValidatorRecord
+from shared.records.drainer import DrainRecord
+from shared.records.executor import ExecutorRecord, PackageRecord
+from shared.records.scheduler import Selection
+from shared.records.validator import ValidatorRecord
+from shared.rollout import book as rollout_book, rules as rollout_rules
+from tests.helpers import status as status_helpers
 from tests.helpers.facts import T0, node, nodewright
 
 CR = "gpu-node-tuning"
-DEFAULT = progress.DEFAULT_COMPARTMENT
+DEFAULT = rollout_rules.DEFAULT_COMPARTMENT
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -38,13 +43,13 @@ class World:
         self.policy = policy
         self.now = T0
 
-    def book(self, **compartments: progress.CompartmentBatch) -> None:
+    def book(self, **compartments: rollout_book.CompartmentBatch) -> None:
         """The scheduler writes its batch book (``__default__`` is spelled ``default``)."""
-        book = progress.BatchBook(
+        book = rollout_book.BatchBook(
             compartments={DEFAULT if k == "default" else k: v for k, v in compartments.items()},
-            reset_token=progress.read_batch_book(self.cr.metadata.annotations).reset_token,
+            reset_token=rollout_book.read_batch_book(self.cr.metadata.annotations).reset_token,
         )
-        self.annotate(progress.BATCHES_ANNOTATION, progress.encode_batch_book(book))
+        self.annotate(rollout_book.BATCHES_ANNOTATION, rollout_book.encode_batch_book(book))
 
     def annotate(self, key: str, value: str) -> None:
         meta = msgspec.structs.replace(
@@ -81,10 +86,18 @@ class World:
 
     def _pass(self) -> tuple[list[CompartmentChange], api.NodeWrightStatus, list[Any]]:
         observed = [assessing.observe(n, CR) for n in self.nodes.values()]
-        views = assessing.assess(self.cr, self.policy, observed, self.now)
-        status = core.summarize(self.cr, self.policy, views, self.now)
+        views, plan = status_helpers.assess(self.cr, self.policy, observed, self.now)
+        status = core.summarize(self.cr, self.policy, views, self.now, plan)
         changes = kube_events.compartment_changes(self.cr, status.compartments, views, observed)
         return changes, status, core.node_updates(CR, views, observed, self.now)
+
+
+def _bodies(
+    cr: api.NodeWright, changes: Sequence[CompartmentChange], instance: str
+) -> list[dict[str, Any]]:
+    """The Event bodies the status shell would create for the changes."""
+    occurrences = kube_events.for_compartment_changes(cr, changes, at=T0)
+    return [kube_events.body(o, instance=instance) for o in occurrences]
 
 
 def _cr(budget: int = 10, **kw: Any) -> api.NodeWright:
@@ -125,7 +138,7 @@ def _batch(
     consecutive: int = 0,
     last_failed: bool = False,
     stopped: bool = False,
-) -> progress.CompartmentBatch:
+) -> rollout_book.CompartmentBatch:
     state = api.BatchState(
         current_batch=number,
         batch_size=len(nodes),
@@ -137,7 +150,7 @@ def _batch(
         stop_reason="FailedBatchesLimit" if stopped else "",
         stop_message="2 consecutive batches below 100% success" if stopped else "",
     )
-    return progress.CompartmentBatch(state=state, nodes=tuple(nodes), planned=planned)
+    return rollout_book.CompartmentBatch(state=state, nodes=tuple(nodes), planned=planned)
 
 
 def _admit(w: World, name: str, batch: int, compartment: str = DEFAULT) -> None:
@@ -304,11 +317,11 @@ def test_a_reset_by_command_starts_batch_one_again_under_a_new_event_name() -> N
     w.book(default=_batch(2, ["b"], planned=1, failed=1, consecutive=1, last_failed=True))
     _admit(w, "b", 2)
     w.step()
-    w.annotate(progress.RESET_ANNOTATION, "reset-1")
-    reset = progress.BatchBook(
+    w.annotate(rollout_book.RESET_ANNOTATION, "reset-1")
+    reset = rollout_book.BatchBook(
         compartments={DEFAULT: _batch(1, ["a"], planned=1)}, reset_token="reset-1"
     )
-    w.annotate(progress.BATCHES_ANNOTATION, progress.encode_batch_book(reset))
+    w.annotate(rollout_book.BATCHES_ANNOTATION, rollout_book.encode_batch_book(reset))
     (again,) = w.step()
     assert _summary([again]) == [(DEFAULT, "BatchStarted", "Normal", "1")]
     assert again.message == first.message
@@ -372,16 +385,19 @@ def test_a_closed_window_and_a_full_budget_hold_a_compartment_back() -> None:
         DEFAULT: ("WaitingForWindow", "outside every maintenance window (1 nodes, e.g. a)"),
         "night": ("WaitingForWindow", "outside every maintenance window (1 nodes, e.g. n1)"),
     }
-    # A node cordoned by someone else holds the only slot once the window is open.
+    # A NotReady node holds the only slot once the window is open, and the wait says so.
     w.policy = msgspec.structs.replace(
         policy, spec=msgspec.structs.replace(policy.spec, maintenance_windows=[])
     )
-    w.nodes["a"]["spec"]["unschedulable"] = True
+    w.nodes["a"]["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
     w.nodes["b"] = node("b")
     (budget,) = w.step()
     assert (budget.compartment, budget.annotations[kube_events.ANNOTATION_WAITING]) == (
         DEFAULT,
         "BudgetExhausted",
+    )
+    assert "1 of 1 budgeted nodes of compartment __default__ are busy: a: NotReady" in (
+        budget.message
     )
 
 
@@ -391,13 +407,13 @@ def test_waiting_for_the_batch_in_flight_or_a_full_budget_during_it_is_no_news()
     _admit(w, "a", 1)
     (started,) = w.step()
     assert started.reason == "BatchStarted"
-    views = assessing.assess(
+    views, _ = status_helpers.assess(
         w.cr, None, [assessing.observe(n, CR) for n in w.nodes.values()], w.now
     )
     assert {v.name: v.reason.code for v in views if v.name != "a"} == {
-        "b": "BudgetExhausted",
-        "c": "BudgetExhausted",
-    }, "the premise: the others say the budget is full"
+        "b": "WaitingForBatch",
+        "c": "WaitingForBatch",
+    }, "the premise: the others wait for the batch in flight (which holds the whole budget)"
     assert w.step() == []
     (comp,) = w.cr.status.compartments
     assert comp.waiting_reason == "", "waiting for the batch in flight is no reason"
@@ -462,20 +478,15 @@ def test_event_names_identify_the_transition_whoever_computes_it() -> None:
     ).changes()
     assert [c.reason for c in stale] == [c.reason for c in fresh]
     assert [c.key for c in stale] == [c.key for c in fresh]
-    bodies = kube_events.for_compartment_changes(w.cr, fresh, at=T0, instance="status-0")
-    again = kube_events.for_compartment_changes(w.cr, stale, at=T0, instance="status-1")
+    bodies = _bodies(w.cr, fresh, "status-0")
+    again = _bodies(w.cr, stale, "status-1")
     assert [b["metadata"]["name"] for b in bodies] == [b["metadata"]["name"] for b in again]
     assert len({b["metadata"]["name"] for b in bodies}) == 2
     # The same transitions of a recreated NodeWright (another uid) are new Events.
     other = msgspec.structs.replace(
         w.cr, metadata=msgspec.structs.replace(w.cr.metadata, uid="uid-2")
     )
-    recreated = kube_events.for_compartment_changes(
-        other,
-        World(other, list(w.nodes.values())).changes(),
-        at=T0,
-        instance="status-0",
-    )
+    recreated = _bodies(other, World(other, list(w.nodes.values())).changes(), "status-0")
     assert not {b["metadata"]["name"] for b in recreated} & {b["metadata"]["name"] for b in bodies}
 
 
@@ -488,16 +499,22 @@ def test_compartment_events_are_valid_bounded_events_on_the_nodewright() -> None
     (started,) = w.step()
     assert len(started.message) == kube_events.MESSAGE_MAX
     assert started.message.endswith("...")
-    (body,) = kube_events.for_compartment_changes(w.cr, [started], at=T0, instance="status-0")
+    (body,) = _bodies(w.cr, [started], "status-0")
     assert DNS_SUBDOMAIN.match(body["metadata"]["name"])
     assert body["metadata"]["namespace"] == "default"
     assert body["metadata"]["labels"] == {kube_events.LABEL_NODEWRIGHT: CR}
-    assert body["metadata"]["annotations"] == dict(started.annotations)
-    assert body["involvedObject"] == {
+    assert body["metadata"]["annotations"] == {
+        **started.annotations,
+        kube_events.ANNOTATION_OCCURRENCE: body["metadata"]["annotations"][
+            kube_events.ANNOTATION_OCCURRENCE
+        ],
+    }
+    assert body["regarding"] == {
         "apiVersion": api.API_VERSION,
         "kind": "NodeWright",
         "name": CR,
         "uid": "uid-1",
     }
-    assert (body["reason"], body["type"], body["count"]) == ("BatchStarted", "Normal", 1)
-    assert body["firstTimestamp"] == "2026-01-01T00:00:00Z"
+    assert (body["reason"], body["type"], body["action"]) == ("BatchStarted", "Normal", "RunBatch")
+    assert body["eventTime"] == "2026-01-01T00:00:00.000000Z"
+    assert "series" not in body

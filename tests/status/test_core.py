@@ -16,15 +16,12 @@ from hypothesis import given, strategies as st
 from services.status import assessing, core
 from shared import api, nodestate, progress
 from shared.events import ObjectRef, Reason
-from shared.nodestate import (
-    CheckRecord,
-    DrainRecord,
-    ExecutorRecord,
-    InterruptRecord,
-    PackageRecord,
-    Selection,
-    ValidatorRecord,
-)
+from shared.records.drainer import DrainRecord
+from shared.records.executor import ExecutorRecord, InterruptRecord, PackageRecord
+from shared.records.scheduler import Selection
+from shared.records.validator import CheckRecord, ValidatorRecord
+from shared.rollout import book as rollout_book
+from tests.helpers import status as status_helpers
 from tests.helpers.facts import T0, node, nodewright
 
 CR = "gpu-node-tuning"
@@ -115,7 +112,7 @@ def _view(
     cr: api.NodeWright = BASE,
     policy: api.DeploymentPolicy | None = None,
 ) -> assessing.NodeView:
-    views = assessing.assess(cr, policy, _observed(n, *others), T0)
+    views, _ = status_helpers.assess(cr, policy, _observed(n, *others), T0)
     return next(v for v in views if v.name == n["metadata"]["name"])
 
 
@@ -180,7 +177,7 @@ DISABLED = {api.DISABLE_ANNOTATION: "true"}
             {},
             {"taints": [{"key": "gpu", "value": "broken", "effect": "NoSchedule"}]},
             {"additionalTolerations": [{"key": "gpu", "operator": "Exists"}]},
-            ("Waiting", "Waiting", "WaitingForBatch", ""),
+            ("Waiting", "Waiting", "Admitting", ""),
             id="tolerated-taint",
         ),
         pytest.param(
@@ -199,7 +196,7 @@ DISABLED = {api.DISABLE_ANNOTATION: "true"}
         pytest.param(
             {}, {"ready": False}, {}, ("Waiting", "Waiting", "NodeNotReady", ""), id="not-ready"
         ),
-        pytest.param({}, {}, {}, ("Waiting", "Waiting", "WaitingForBatch", ""), id="slot-free"),
+        pytest.param({}, {}, {}, ("Waiting", "Waiting", "Admitting", ""), id="slot-free"),
         pytest.param(
             {nodestate.SCHEDULER: _sel()},
             {},
@@ -378,8 +375,11 @@ def test_each_node_gets_a_phase_state_and_reason_from_its_records(
 
 def test_a_waiting_node_says_budget_exhausted_while_the_budget_is_full() -> None:
     cr = nodewright(interruptionBudget={"count": 1})
-    assert _view(node("n2"), _running("n1"), cr=cr).reason.code == "BudgetExhausted"
-    assert _view(node("n2"), _complete("n1"), cr=cr).reason.code == "WaitingForBatch"
+    full = _view(node("n2"), _running("n1"), cr=cr).reason
+    assert full.code == "BudgetExhausted"
+    assert full.message == "1 of 1 budgeted nodes of compartment __default__ are busy: n1: admitted"
+    # A free slot: the kernel admits n2 now (status says so until the admission is written).
+    assert _view(node("n2"), _complete("n1"), cr=cr).reason.code == "Admitting"
     # A policy's default budget counts instead of the CR's.
     policy = api.from_dict(
         {"metadata": {"name": "p"}, "spec": {"default": {"budget": {"count": 2}}}},
@@ -387,7 +387,7 @@ def test_a_waiting_node_says_budget_exhausted_while_the_budget_is_full() -> None
     )
     with_policy = nodewright(deploymentPolicy="p")
     view = _view(node("n2"), _running("n1"), cr=with_policy, policy=policy)
-    assert view.reason.code == "WaitingForBatch"
+    assert view.reason.code == "Admitting"
 
 
 def test_a_record_that_does_not_decode_blocks_the_node_and_raises_nothing() -> None:
@@ -648,8 +648,8 @@ def test_uninstalled_versions_are_no_longer_present() -> None:
 
 def test_compartments_come_from_the_admissions_and_show_the_schedulers_batch_book() -> None:
     batch = api.BatchState(current_batch=3, batch_size=2, total_succeeded_nodes=4)
-    book = progress.BatchBook(
-        compartments={"__default__": progress.CompartmentBatch(state=batch, nodes=("b", "c"))}
+    book = rollout_book.BatchBook(
+        compartments={"__default__": rollout_book.CompartmentBatch(state=batch, nodes=("b", "c"))}
     )
     stale = api.NodeWrightStatus(
         compartments=[api.CompartmentStatus(name="__default__", batch=api.BatchState())]
@@ -657,7 +657,7 @@ def test_compartments_come_from_the_admissions_and_show_the_schedulers_batch_boo
     cr = _with_status(
         nodewright(
             interruptionBudget={"percent": 50},
-            annotations={progress.BATCHES_ANNOTATION: progress.encode_batch_book(book)},
+            annotations={rollout_book.BATCHES_ANNOTATION: rollout_book.encode_batch_book(book)},
         ),
         stale,
     )
@@ -727,7 +727,7 @@ def _carrying(n: dict[str, Any], update: core.NodeUpdate) -> dict[str, Any]:
 
 def _updates(*nodes: dict[str, Any], cr: api.NodeWright = BASE, now: Any = T0) -> list[Any]:
     observed = _observed(*nodes)
-    views = assessing.assess(cr, None, observed, now)
+    views, _ = status_helpers.assess(cr, None, observed, now)
     return core.node_updates(CR, views, observed, now)
 
 
@@ -777,9 +777,12 @@ def test_the_node_condition_keeps_its_transition_time_while_its_status_is_unchan
 def test_since_carries_over_while_phase_and_reason_stay() -> None:
     (first,) = _updates(node("w"), now=T0)
     waiting = _carrying(node("w"), first)
-    view = assessing.assess(BASE, None, _observed(waiting), T1)[0]
-    assert (view.reason.code, view.since) == ("WaitingForBatch", T0)
-    paused = assessing.assess(nodewright(annotations=PAUSED), None, _observed(waiting), T1)[0]
+    view = status_helpers.assess(BASE, None, _observed(waiting), T1)[0][0]
+    assert (view.reason.code, view.since) == ("Admitting", T0)
+    paused_views, _ = status_helpers.assess(
+        nodewright(annotations=PAUSED), None, _observed(waiting), T1
+    )
+    paused = paused_views[0]
     assert (paused.reason.code, paused.since) == ("Paused", T1)
 
 

@@ -64,62 +64,96 @@ def test_failures_and_blocked_drains_are_warnings(kind: str, type_: str) -> None
     assert kube_events.type_of(kind) == type_
 
 
-def test_a_node_event_raises_one_event_on_the_nodewright_and_one_on_the_node() -> None:
-    event = _stage_failed()
-    on_cr, on_node = kube_events.for_event(
-        event, cr_uid="uid-cr", node_uid="uid-node", instance="status-0"
-    )
-    assert on_cr["involvedObject"] == {
+def test_in_verbose_mode_a_node_event_is_one_event_on_the_nodewright_naming_the_node() -> None:
+    occ = kube_events.for_event(_stage_failed(), cr_uid="uid-cr", node_uid="uid-node")
+    body = kube_events.body(occ, instance="status-0")
+    assert body["apiVersion"] == "events.k8s.io/v1"
+    assert body["regarding"] == {
         "apiVersion": "nodewright.nvidia.com/v1alpha1",
         "kind": "NodeWright",
         "name": "gpu-tuning",
         "uid": "uid-cr",
     }
-    assert on_node["involvedObject"] == {
+    assert body["related"] == {
         "apiVersion": "v1",
         "kind": "Node",
         "name": "node-1.example",
         "uid": "uid-node",
     }
-    for body in (on_cr, on_node):
-        assert body["metadata"]["namespace"] == "default"
-        assert body["metadata"]["labels"] == {"nodewright.nvidia.com/nodewright": "gpu-tuning"}
-        assert (body["reason"], body["type"]) == ("StageFailed", "Warning")
-        assert body["firstTimestamp"] == body["lastTimestamp"] == "2026-01-01T00:00:00Z"
-        assert DNS_SUBDOMAIN.match(body["metadata"]["name"])
-        message = body["message"]
-        for part in ("gpu-tuning", "node-1.example", "nvidia-tuned", "apply", "attempt 2"):
-            assert part in message
-        assert "ImagePullFailed: cannot pull image ghcr.io/x:0.9.0" in message
-        assert "Pod nodewright-system/p1" in message
-    assert on_cr["metadata"]["name"] != on_node["metadata"]["name"]
+    assert body["metadata"]["namespace"] == "default"
+    assert body["metadata"]["labels"] == {"nodewright.nvidia.com/nodewright": "gpu-tuning"}
+    assert (body["reason"], body["type"], body["action"]) == (
+        "StageFailed",
+        "Warning",
+        "stage.failed",
+    )
+    assert body["eventTime"] == "2026-01-01T00:00:00.000000Z"
+    assert body["reportingController"] == "nodewright.nvidia.com/status"
+    assert body["reportingInstance"] == "status-0"
+    # events.k8s.io/v1 refuses the core/v1 fields.
+    assert not {"firstTimestamp", "lastTimestamp", "count", "source"} & set(body)
+    assert DNS_SUBDOMAIN.match(body["metadata"]["name"])
+    note = body["note"]
+    for part in ("gpu-tuning", "node-1.example", "nvidia-tuned", "apply", "attempt 2"):
+        assert part in note
+    assert "ImagePullFailed: cannot pull image ghcr.io/x:0.9.0" in note
+    assert "Pod nodewright-system/p1" in note
 
 
-def test_event_names_are_deterministic_and_differ_per_message() -> None:
-    event = _stage_failed()
-    again = kube_events.for_event(event, instance="another-replica")
-    assert [b["metadata"]["name"] for b in again] == [
-        b["metadata"]["name"] for b in kube_events.for_event(event, instance="x")
-    ]
-    later = kube_events.for_event(_stage_failed(at=T0 + timedelta(hours=1)), instance="x")
-    other = kube_events.for_event(_stage_failed(id="other"), instance="x")
-    names = {b["metadata"]["name"] for b in [*again, *later, *other]}
-    assert len(names) == 6
+def test_a_series_is_one_event_per_kind_and_node_and_counts_each_occurrence_once() -> None:
+    first = kube_events.for_event(_stage_failed())
+    again = kube_events.for_event(_stage_failed())  # a redelivery: the same occurrence
+    later = kube_events.for_event(_stage_failed(at=T0 + timedelta(hours=1), id="other"))
+    other_node = kube_events.for_event(_stage_failed(node="node-2"))
+    name = kube_events.body(first, instance="a")["metadata"]["name"]
+    assert kube_events.body(again, instance="b")["metadata"]["name"] == name
+    assert kube_events.body(later, instance="a")["metadata"]["name"] == name
+    assert kube_events.body(other_node, instance="a")["metadata"]["name"] != name
+    stored = {
+        **kube_events.body(first, instance="a"),
+        "metadata": {**kube_events.body(first, instance="a")["metadata"], "resourceVersion": "7"},
+    }
+    assert kube_events.series_patch(stored, again) is None
+    patch = kube_events.series_patch(stored, later)
+    assert patch is not None
+    assert patch["series"] == {"count": 2, "lastObservedTime": "2026-01-01T01:00:00.000000Z"}
+    # The API server refuses changing the note of an events.k8s.io Event: only the series moves.
+    assert set(patch) == {"metadata", "series"}
+    assert patch["metadata"]["resourceVersion"] == "7"
+    counted = {
+        **stored,
+        "series": patch["series"],
+        "metadata": {**stored["metadata"], "annotations": patch["metadata"]["annotations"]},
+    }
+    assert kube_events.series_patch(counted, later) is None
+    third = kube_events.for_event(_stage_failed(at=T0 + timedelta(hours=2), id="third"))
+    assert kube_events.series_patch(counted, third)["series"]["count"] == 3  # type: ignore[index]
 
 
-def test_a_whole_nodewright_event_has_no_node_event() -> None:
+def test_a_nodewright_created_again_with_the_same_name_gets_its_own_events() -> None:
+    """kubectl describe shows the Events of the object's UID: a series of the deleted one
+    must not swallow the new one's occurrences."""
+    old = kube_events.for_event(_stage_failed(), cr_uid="uid-1")
+    new = kube_events.for_event(_stage_failed(), cr_uid="uid-2")
+    old_body, new_body = kube_events.body(old, instance="a"), kube_events.body(new, instance="a")
+    assert old_body["metadata"]["name"] != new_body["metadata"]["name"]
+    assert new_body["regarding"]["uid"] == "uid-2"
+
+
+def test_a_whole_nodewright_event_relates_to_no_node() -> None:
     event = events.NodeCompleted(id="x", at=T0, cr="gpu-tuning", generation=1)
-    (body,) = kube_events.for_event(event, instance="i")
-    assert body["involvedObject"]["kind"] == "NodeWright"
+    body = kube_events.body(kube_events.for_event(event), instance="i")
+    assert body["regarding"]["kind"] == "NodeWright"
+    assert "related" not in body
     assert body["type"] == "Normal"
-    assert "every node" in body["message"]
+    assert "every node" in body["note"]
 
 
-def test_messages_are_bounded() -> None:
+def test_notes_are_bounded() -> None:
     long = Reason(code="StageFailed", message="y" * 10_000)
-    (body, _) = kube_events.for_event(_stage_failed(reason=long), instance="i")
-    assert len(body["message"]) == kube_events.MESSAGE_MAX
-    assert body["message"].endswith("...")
+    body = kube_events.body(kube_events.for_event(_stage_failed(reason=long)), instance="i")
+    assert len(body["note"]) == kube_events.MESSAGE_MAX
+    assert body["note"].endswith("...")
 
 
 def test_a_dead_letter_of_a_known_nodewright_is_a_warning_on_it() -> None:
@@ -131,15 +165,22 @@ def test_a_dead_letter_of_a_known_nodewright_is_a_warning_on_it() -> None:
         deliveries="1",
         size=9,
     )
-    body = kube_events.for_dead_letter(
-        letter, key="S/7/t", cr_uid="uid-1", fallback_namespace="nw-system", at=T0, instance="i"
+    occ = kube_events.for_dead_letter(
+        letter, key="S/7/t", cr_uid="uid-1", fallback_namespace="nw-system", at=T0
     )
+    body = kube_events.body(occ, instance="i")
     assert body["metadata"]["namespace"] == "default"
-    assert body["involvedObject"]["kind"] == "NodeWright"
-    assert body["involvedObject"]["name"] == "gpu.tuning"
+    assert body["regarding"]["kind"] == "NodeWright"
+    assert body["regarding"]["name"] == "gpu.tuning"
     assert (body["reason"], body["type"]) == ("DeadLetteredEvent", "Warning")
     for part in ("executor", "stage.failed", "node-1", "malformed event", "9 bytes"):
-        assert part in body["message"]
+        assert part in body["note"]
+    # The next dead letter of the same service and kind counts in the same Event.
+    second = kube_events.for_dead_letter(
+        letter, key="S/8/t", cr_uid="uid-1", fallback_namespace="nw-system", at=T0
+    )
+    assert kube_events.body(second, instance="i")["metadata"]["name"] == body["metadata"]["name"]
+    assert kube_events.series_patch(body, second) is not None
 
 
 @pytest.mark.parametrize(
@@ -161,18 +202,19 @@ def test_a_dead_letter_of_a_known_nodewright_is_a_warning_on_it() -> None:
 def test_a_dead_letter_naming_no_known_nodewright_lands_on_the_namespace(
     letter: kube_events.DeadLetter,
 ) -> None:
-    body = kube_events.for_dead_letter(
-        letter, key="k", cr_uid=None, fallback_namespace="nw-system", at=T0, instance="i"
+    occ = kube_events.for_dead_letter(
+        letter, key="k", cr_uid=None, fallback_namespace="nw-system", at=T0
     )
+    body = kube_events.body(occ, instance="i")
     assert body["metadata"]["namespace"] == "nw-system"
-    assert body["involvedObject"] == {
+    assert body["regarding"] == {
         "apiVersion": "v1",
         "kind": "Namespace",
         "name": "nw-system",
         "namespace": "nw-system",
     }
     assert body["type"] == "Warning"
-    assert "dead-lettered" in body["message"]
+    assert "dead-lettered" in body["note"]
 
 
 def test_status_settings_come_from_the_environment() -> None:
@@ -187,5 +229,9 @@ def test_status_settings_come_from_the_environment() -> None:
     assert (settings.status.workers, settings.status.node_writes) == (2, 8)
     assert settings.status.replay_history is True
     assert config.load(Settings, {}).status.replay_history is False
+    defaults = config.load(Settings, {}).status
+    assert (defaults.verbose_events, defaults.ui) == (False, True)
+    verbose = config.load(Settings, {"NODEWRIGHT_STATUS_VERBOSE_EVENTS": "true"}).status
+    assert verbose.verbose_events is True
     with pytest.raises(config.ConfigError, match="NODEWRIGHT_STATUS_WORKERS"):
         config.load(Settings, {"NODEWRIGHT_STATUS_WORKERS": "0"})

@@ -10,7 +10,12 @@ import msgspec
 
 from services.status import assessing, core, metrics
 from shared import api, nodestate, progress
-from shared.nodestate import DrainRecord, ExecutorRecord, PackageRecord, Selection, ValidatorRecord
+from shared.records.drainer import DrainRecord
+from shared.records.executor import ExecutorRecord, PackageRecord
+from shared.records.scheduler import Selection
+from shared.records.validator import ValidatorRecord
+from shared.rollout import book as rollout_book
+from tests.helpers import status as status_helpers
 from tests.helpers.facts import T0, node, nodewright
 
 CR = "gpu-node-tuning"
@@ -78,8 +83,8 @@ def _pass(
     cr: api.NodeWright, policy: api.DeploymentPolicy | None, *nodes: Mapping[str, Any]
 ) -> list[metrics.Sample]:
     """The samples of one status pass over ``nodes``."""
-    views = assessing.assess(cr, policy, [assessing.observe(n, CR) for n in nodes], T0)
-    return metrics.samples(cr, policy, core.summarize(cr, policy, views, T0), views)
+    views, plan = status_helpers.assess(cr, policy, [assessing.observe(n, CR) for n in nodes], T0)
+    return metrics.samples(cr, policy, core.summarize(cr, policy, views, T0, plan), views)
 
 
 def _text(samples: Sequence[metrics.Sample]) -> list[str]:
@@ -124,24 +129,24 @@ def test_a_rollout_under_a_policy_with_two_compartments_exports_every_series() -
         f"nodewright_status{{{nw},status=Stopped}} 0",
         f"nodewright_status{{{nw},status=Paused}} 0",
         f"nodewright_status{{{nw},status=Disabled}} 0",
-        f"nodewright_node_status_count{{{nw},status=Waiting}} 1",
-        f"nodewright_node_status_count{{{nw},status=InProgress}} 1",
-        f"nodewright_node_status_count{{{nw},status=Complete}} 1",
-        f"nodewright_node_status_count{{{nw},status=Failed}} 1",
-        f"nodewright_node_status_count{{{nw},status=Blocked}} 0",
-        f"nodewright_node_target_count{{{nw}}} 4",
-        f"nodewright_package_state_count{{{pkg},state=complete}} 1",
-        f"nodewright_package_state_count{{{pkg},state=in_progress}} 1",
-        f"nodewright_package_state_count{{{pkg},state=failed}} 1",
-        f"nodewright_package_state_count{{{pkg},state=uninstalling}} 0",
-        f"nodewright_package_stage_count{{{pkg},stage=apply}} 2",
-        f"nodewright_package_stage_count{{{pkg},stage=upgrade}} 0",
-        f"nodewright_package_stage_count{{{pkg},stage=config}} 1",
-        f"nodewright_package_stage_count{{{pkg},stage=interrupt}} 0",
-        f"nodewright_package_stage_count{{{pkg},stage=post-interrupt}} 0",
-        f"nodewright_package_stage_count{{{pkg},stage=uninstall}} 0",
+        f"nodewright_nodes{{{nw},status=Waiting}} 1",
+        f"nodewright_nodes{{{nw},status=InProgress}} 1",
+        f"nodewright_nodes{{{nw},status=Complete}} 1",
+        f"nodewright_nodes{{{nw},status=Failed}} 1",
+        f"nodewright_nodes{{{nw},status=Blocked}} 0",
+        f"nodewright_target_nodes{{{nw}}} 4",
+        f"nodewright_package_nodes{{{pkg},state=complete}} 1",
+        f"nodewright_package_nodes{{{pkg},state=in_progress}} 1",
+        f"nodewright_package_nodes{{{pkg},state=failed}} 1",
+        f"nodewright_package_nodes{{{pkg},state=uninstalling}} 0",
+        f"nodewright_package_stage_nodes{{{pkg},stage=apply}} 2",
+        f"nodewright_package_stage_nodes{{{pkg},stage=upgrade}} 0",
+        f"nodewright_package_stage_nodes{{{pkg},stage=config}} 1",
+        f"nodewright_package_stage_nodes{{{pkg},stage=interrupt}} 0",
+        f"nodewright_package_stage_nodes{{{pkg},stage=post-interrupt}} 0",
+        f"nodewright_package_stage_nodes{{{pkg},stage=uninstall}} 0",
         # b is at its 2nd attempt of apply, c at its 3rd: 1 + 2 retries.
-        f"nodewright_package_restarts_count{{{pkg}}} 3",
+        f"nodewright_package_restarts{{{pkg}}} 3",
         f"nodewright_rollout_matched_nodes{{{default}}} 2",
         f"nodewright_rollout_matched_nodes{{{canary}}} 2",
         f"nodewright_rollout_budget_nodes{{{default}}} 2",
@@ -170,12 +175,12 @@ def test_a_stopped_compartment_without_a_policy_shows_its_gate_and_batch() -> No
         stopped=True,
         stop_reason="FailedBatchesLimit",
     )
-    book = progress.BatchBook(
-        compartments={"__default__": progress.CompartmentBatch(state=stopped)}
+    book = rollout_book.BatchBook(
+        compartments={"__default__": rollout_book.CompartmentBatch(state=stopped)}
     )
     cr = nodewright(
         interruptionBudget={"count": 1},
-        annotations={progress.BATCHES_ANNOTATION: progress.encode_batch_book(book)},
+        annotations={rollout_book.BATCHES_ANNOTATION: rollout_book.encode_batch_book(book)},
     )
     failed = _pkg(cr, "failed", stage="post-interrupt")
     samples = _pass(cr, None, _working(cr, "a", "__default__", failed), node("b"))
@@ -198,8 +203,8 @@ def test_a_stopped_compartment_without_a_policy_shows_its_gate_and_batch() -> No
         f"nodewright_rollout_stopped{{{labels}}} 1",
     ]
     pkg = f"{nw},package=nvidia-tuned,version=0.9.0"
-    assert [line for line in _of(samples, metrics.PACKAGE_STAGE_COUNT) if line.endswith(" 1")] == [
-        f"nodewright_package_stage_count{{{pkg},stage=post-interrupt}} 1"
+    assert [line for line in _of(samples, metrics.PACKAGE_STAGE_NODES) if line.endswith(" 1")] == [
+        f"nodewright_package_stage_nodes{{{pkg},stage=post-interrupt}} 1"
     ]
 
 
@@ -221,12 +226,12 @@ def test_the_status_series_switch_from_in_progress_to_complete() -> None:
     assert [line for line in _of(after, metrics.STATUS) if line.endswith(" 1")] == [
         f"nodewright_status{{{nw},status=Complete}} 1"
     ]
-    assert _of(after, metrics.NODE_STATUS_COUNT) == [
-        f"nodewright_node_status_count{{{nw},status=Waiting}} 0",
-        f"nodewright_node_status_count{{{nw},status=InProgress}} 0",
-        f"nodewright_node_status_count{{{nw},status=Complete}} 2",
-        f"nodewright_node_status_count{{{nw},status=Failed}} 0",
-        f"nodewright_node_status_count{{{nw},status=Blocked}} 0",
+    assert _of(after, metrics.NODES) == [
+        f"nodewright_nodes{{{nw},status=Waiting}} 0",
+        f"nodewright_nodes{{{nw},status=InProgress}} 0",
+        f"nodewright_nodes{{{nw},status=Complete}} 2",
+        f"nodewright_nodes{{{nw},status=Failed}} 0",
+        f"nodewright_nodes{{{nw},status=Blocked}} 0",
     ]
     # The same series exist before and after: only values changed.
     assert [(s.metric, s.labels) for s in before] == [(s.metric, s.labels) for s in after]

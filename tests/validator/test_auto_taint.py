@@ -14,8 +14,11 @@ import pytest
 from services.validator import core
 from services.validator.service import Validator
 from shared import api, nodestate, progress
-from shared.nodestate import ExecutorRecord, PackageRecord, Selection, ValidatorRecord
-from tests.helpers.facts import T0, node, nodewright
+from shared.decisions import Keep
+from shared.records.executor import ExecutorRecord, PackageRecord
+from shared.records.scheduler import Selection
+from shared.records.validator import ValidatorRecord
+from tests.helpers.facts import T0, node, nodewright, written
 
 CR = "gpu-node-tuning"
 CR_CREATED = T0 + timedelta(hours=1)
@@ -71,7 +74,7 @@ def _apply(raw: dict[str, Any], d: core.Decision, cr: str = CR) -> dict[str, Any
 def test_a_new_node_is_tainted_and_nothing_else_happens() -> None:
     d = _decide(_cr(), _node(AFTER))
     assert d.add_readiness_taint
-    assert (d.record, d.create, d.delete, d.publish) == (None, (), (), ())
+    assert (d.record, d.create, d.delete, d.publish) == (Keep(), (), (), ())
     assert not d.remove_readiness_taint
 
 
@@ -259,15 +262,19 @@ DONE_EXE = ExecutorRecord(
 )
 
 
-def _reboot_requests(boot: str) -> nodestate.Requests:
-    return nodestate.add_request(
-        None,
-        nodestate.Request(seq=0, action="reset", at=T0, by=nodestate.reboot_requester(boot)),
-    )
+def _reset_for(boot: str, executor: ExecutorRecord | None = None) -> ExecutorRecord:
+    """The executor's record once it reset the node for ``boot`` (the typed cause)."""
+    return msgspec.structs.replace(executor or ExecutorRecord(honoured=1), reset_boot=boot)
 
 
 def _rebooted(boot: str = "boot-2", **records: msgspec.Struct) -> dict[str, Any]:
-    """An old node, auto-tainted once when it joined, now in boot ``boot``."""
+    """An old node, auto-tainted once when it joined, now in boot ``boot``; the validator
+    has followed the executor's reboot reset, if any."""
+    executor = records.get("executor")
+    if isinstance(executor, ExecutorRecord) and executor.reset_boot:
+        validator = records.get("validator") or ValidatorRecord()
+        assert isinstance(validator, ValidatorRecord)
+        records["validator"] = msgspec.structs.replace(validator, reset_boot=executor.reset_boot)
     raw: dict[str, Any] = _node(
         BEFORE,
         annotations={core.AUTO_TAINTED: CR, core.AUTO_TAINTED_BOOT: "boot-1"},
@@ -279,67 +286,85 @@ def _rebooted(boot: str = "boot-2", **records: msgspec.Struct) -> dict[str, Any]
 
 def test_a_rebooted_node_is_tainted_again_once_per_boot_until_it_is_done() -> None:
     cr = _cr(reapplyOnReboot=True)
-    # The scheduler asked for the reset of boot-2; the executor honoured it (no packages).
-    raw = _rebooted(executor=ExecutorRecord(honoured=1))
-    d = _decide(cr, raw, requests=_reboot_requests("boot-2"))
+    # The executor reset the node for boot-2 (no packages left).
+    raw = _rebooted(executor=_reset_for("boot-2"))
+    d = _decide(cr, raw)
     assert d.add_readiness_taint
     assert d.boot_id == "boot-2"
     raw = _apply(raw, d)
     assert raw["metadata"]["annotations"][core.AUTO_TAINTED_BOOT] == "boot-2"
     # Lifted once done, and not tainted again in the same boot.
-    lifted = _decide(cr, raw, requests=_reboot_requests("boot-2"), runtime_required_done=True)
+    lifted = _decide(cr, raw, runtime_required_done=True)
     assert lifted.remove_readiness_taint
     raw = _apply(raw, lifted)
-    assert not _decide(cr, raw, requests=_reboot_requests("boot-2")).add_readiness_taint
-    # The next boot is another story.
-    raw["status"]["nodeInfo"]["bootID"] = "boot-3"
-    assert _decide(cr, raw, requests=_reboot_requests("boot-3")).add_readiness_taint
+    assert not _decide(cr, raw).add_readiness_taint
+    # The next boot is another story, once the executor reset the node for it.
+    raw = _rebooted("boot-3", executor=_reset_for("boot-3"))
+    raw["metadata"]["annotations"][core.AUTO_TAINTED_BOOT] = "boot-2"
+    assert _decide(cr, raw).add_readiness_taint
+
+
+def test_the_validator_forgets_its_verdicts_once_for_the_executors_reboot_reset() -> None:
+    cr = _cr(reapplyOnReboot=True)
+    validated = ValidatorRecord(validated=progress.target_digest(cr), at=T0, honoured=1)
+    raw = _node(
+        BEFORE,
+        boot_id="boot-2",
+        records={
+            nodestate.EXECUTOR: _reset_for("boot-2"),
+            nodestate.VALIDATOR: validated,
+        },
+    )
+    d = _decide(cr, raw)
+    assert written(d.record, ValidatorRecord) == ValidatorRecord(honoured=1, reset_boot="boot-2")
+    followed = _node(
+        BEFORE,
+        boot_id="boot-2",
+        records={
+            nodestate.EXECUTOR: _reset_for("boot-2"),
+            nodestate.VALIDATOR: written(d.record, ValidatorRecord),
+        },
+    )
+    assert isinstance(_decide(cr, followed).record, Keep), "once"
 
 
 @pytest.mark.parametrize(
-    ("cr", "raw", "requests"),
+    ("cr", "raw"),
     [
-        pytest.param(
-            _cr(), _rebooted(executor=ExecutorRecord(honoured=1)), "boot-2", id="no-reapply"
-        ),
+        pytest.param(_cr(), _rebooted(executor=_reset_for("boot-2")), id="no-reapply"),
         pytest.param(
             _cr(reapplyOnReboot=True, autoTaintNewNodes=False),
-            _rebooted(executor=ExecutorRecord(honoured=1)),
-            "boot-2",
+            _rebooted(executor=_reset_for("boot-2")),
             id="no-auto-taint",
         ),
         pytest.param(
             _cr(reapplyOnReboot=True),
             _rebooted(executor=ExecutorRecord(honoured=1)),
-            "",
-            id="no-reset-asked",
+            id="no-reset-made",
         ),
         pytest.param(
             _cr(reapplyOnReboot=True),
-            _rebooted(executor=ExecutorRecord(honoured=1)),
-            "boot-1",
+            _rebooted(executor=_reset_for("boot-1")),
             id="reset-of-an-earlier-boot",
         ),
         pytest.param(
             _cr(reapplyOnReboot=True),
             _rebooted(
                 "boot-2",
-                executor=DONE_EXE,
-                # Reset honoured (mark 1), then applied and validated again.
+                executor=_reset_for("boot-2", DONE_EXE),
+                # Reset for boot-2, then applied and validated again.
                 validator=ValidatorRecord(
                     validated=progress.target_digest(_cr(reapplyOnReboot=True)), at=T0, honoured=1
                 ),
             ),
-            "boot-2",
             id="done-in-this-boot",
         ),
     ],
 )
 def test_a_reboot_taints_only_with_reapply_auto_taint_and_the_reset_of_this_boot(
-    cr: api.NodeWright, raw: dict[str, Any], requests: str
+    cr: api.NodeWright, raw: dict[str, Any]
 ) -> None:
-    reqs = _reboot_requests(requests) if requests else None
-    assert not _decide(cr, raw, requests=reqs).add_readiness_taint
+    assert not _decide(cr, raw).add_readiness_taint
 
 
 def test_the_done_premise_of_the_reboot_cases_holds() -> None:

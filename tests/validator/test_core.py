@@ -11,18 +11,14 @@ import pytest
 
 from services.validator import core
 from shared import nodestate, podspec, progress
-from shared.nodestate import (
-    CheckRecord,
-    DrainRecord,
-    ExecutorRecord,
-    InterruptRecord,
-    PackageRecord,
-    Selection,
-    ValidatorRecord,
-)
+from shared.decisions import Keep
 from shared.pods import PodView
 from shared.podspec import PodRequest
-from tests.helpers.facts import T0, node, nodewright
+from shared.records.drainer import DrainRecord
+from shared.records.executor import ExecutorRecord, InterruptRecord, PackageRecord
+from shared.records.scheduler import Selection
+from shared.records.validator import CheckRecord, ValidatorRecord
+from tests.helpers.facts import T0, node, nodewright, written
 
 CR = "gpu-node-tuning"
 SEL = Selection(
@@ -54,6 +50,7 @@ def _pod(req: PodRequest, phase: str, **kw: Any) -> PodView:
         stage=req.stage,
         version=req.version,
         attempt=req.attempt,
+        cycle=req.cycle,
         phase=phase,
         deleting=False,
         created=T0,
@@ -74,13 +71,14 @@ def test_a_succeeded_stage_gets_a_check_pod_and_a_passing_check_is_published() -
     d1 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[], now=T0)
     (req,) = d1.create
     assert (req.role, req.stage, req.package) == ("check", "apply", "nvidia-tuned")
-    assert d1.record is not None
-    assert d1.record.checks[KEY].verdict == "running"
+    assert written(d1.record, ValidatorRecord).checks[KEY].verdict == "running"
     d2 = core.decide(
-        cr=cr, node=_facts(APPLIED, d1.record), check_pods=[_pod(req, "Succeeded")], now=T0
+        cr=cr,
+        node=_facts(APPLIED, written(d1.record, ValidatorRecord)),
+        check_pods=[_pod(req, "Succeeded")],
+        now=T0,
     )
-    assert d2.record is not None
-    assert d2.record.checks[KEY].verdict == "passed"
+    assert written(d2.record, ValidatorRecord).checks[KEY].verdict == "passed"
     assert [e.kind for e in d2.publish] == ["stage.validated"]
     assert d2.delete == (req.name,)
 
@@ -90,16 +88,20 @@ def test_a_failing_check_records_the_output_tail_and_keeps_the_pod() -> None:
     d1 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[], now=T0)
     req = d1.create[0]
     failed = _pod(req, "Failed", exit_code=2, message="sysctl vm.swappiness is 60, want 10")
-    d2 = core.decide(cr=cr, node=_facts(APPLIED, d1.record), check_pods=[failed], now=T0)
-    assert d2.record is not None
-    verdict = d2.record.checks[KEY]
+    d2 = core.decide(
+        cr=cr,
+        node=_facts(APPLIED, written(d1.record, ValidatorRecord)),
+        check_pods=[failed],
+        now=T0,
+    )
+    verdict = written(d2.record, ValidatorRecord).checks[KEY]
     assert verdict.verdict == "failed"
     assert verdict.reason is not None
     assert verdict.reason.code == "CheckFailed"
     assert "want 10" in verdict.reason.message
     assert d2.delete == ()
     assert [e.kind for e in d2.publish] == ["stage.validation-failed"]
-    assert progress.turn(cr, _facts(APPLIED, d2.record)) == "failed"
+    assert progress.turn(cr, _facts(APPLIED, written(d2.record, ValidatorRecord))) == "failed"
 
 
 def test_a_check_running_past_the_stage_timeout_fails() -> None:
@@ -108,12 +110,11 @@ def test_a_check_running_past_the_stage_timeout_fails() -> None:
     req = d1.create[0]
     d2 = core.decide(
         cr=cr,
-        node=_facts(APPLIED, d1.record),
+        node=_facts(APPLIED, written(d1.record, ValidatorRecord)),
         check_pods=[_pod(req, "Running")],
         now=T0 + timedelta(seconds=31),
     )
-    assert d2.record is not None
-    reason = d2.record.checks[KEY].reason
+    reason = written(d2.record, ValidatorRecord).checks[KEY].reason
     assert reason is not None
     assert reason.code == "CheckTimeout"
 
@@ -146,13 +147,12 @@ def test_a_node_with_every_package_done_is_validated_once_ready() -> None:
         }
     )
     not_ready = core.decide(cr=cr, node=_facts(rec, checks, ready=False), check_pods=[], now=T0)
-    assert not_ready.record is not None
-    assert not_ready.record.validated == ""
-    assert not_ready.record.reason is not None
-    assert not_ready.record.reason.code == "NodeNotReady"
+    waiting = written(not_ready.record, ValidatorRecord)
+    assert waiting.validated == ""
+    assert waiting.reason is not None
+    assert waiting.reason.code == "NodeNotReady"
     ready = core.decide(cr=cr, node=_facts(rec, checks), check_pods=[], now=T0)
-    assert ready.record is not None
-    assert ready.record.validated == progress.target_digest(cr)
+    assert written(ready.record, ValidatorRecord).validated == progress.target_digest(cr)
     assert [e.kind for e in ready.publish] == ["node.validated"]
 
 
@@ -162,8 +162,23 @@ def test_a_node_is_not_validated_while_its_interrupt_runs() -> None:
         packages=rec.packages,
         interrupt=InterruptRecord(type="reboot", state="running", boot_id_before="b1", started=T0),
     )
-    d = core.decide(cr=cr, node=_facts(rec), check_pods=[], now=T0)
-    assert d.record is None or d.record.validated == ""
+    checks = ValidatorRecord(
+        checks={
+            nodestate.check_key("nvidia-tuned", "0.9.0", "config"): CheckRecord(
+                verdict="passed", at=T0
+            )
+        }
+    )
+    facts = _facts(rec, checks)
+    assert progress.turn(cr, facts) == "validator", "the premise: only the validation is left"
+    d = core.decide(cr=cr, node=facts, check_pods=[], now=T0)
+    assert isinstance(d.record, Keep), "not validated, nothing recorded"
+    assert d.publish == ()
+    assert d.requeue_after == 5.0, "looked at again while the interrupt runs"
+    # Once the reboot is over (new boot ID, interrupt recorded done) it is validated.
+    after = ExecutorRecord(packages=rec.packages)
+    done = core.decide(cr=cr, node=_facts(after, checks), check_pods=[], now=T0)
+    assert written(done.record, ValidatorRecord).validated == progress.target_digest(cr)
 
 
 def test_the_readiness_taint_goes_only_for_runtime_required_when_all_are_done() -> None:
@@ -203,8 +218,7 @@ def test_verdicts_for_versions_no_longer_wanted_are_dropped() -> None:
         checks={"nvidia-tuned/0.8.0/apply": CheckRecord(verdict="failed", at=T0)}
     )
     d = core.decide(cr=cr, node=_facts(rec, stale), check_pods=[], now=T0)
-    assert d.record is not None
-    assert "nvidia-tuned/0.8.0/apply" not in d.record.checks
+    assert "nvidia-tuned/0.8.0/apply" not in written(d.record, ValidatorRecord).checks
 
 
 @pytest.mark.parametrize(("order", "env"), [(0, "0"), (3, "3"), (None, None)])

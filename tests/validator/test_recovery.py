@@ -9,15 +9,10 @@ import pytest
 from services.validator import core
 from shared import nodestate, progress
 from shared.events import Reason
-from shared.nodestate import (
-    CheckRecord,
-    ExecutorRecord,
-    PackageRecord,
-    Request,
-    Requests,
-    ValidatorRecord,
-)
-from tests.helpers.facts import T0, nodewright
+from shared.nodestate import Request, Requests
+from shared.records.executor import ExecutorRecord, PackageRecord
+from shared.records.validator import CheckRecord, ValidatorRecord
+from tests.helpers.facts import T0, nodewright, written
 from tests.validator.test_core import _facts, _pod
 
 PKG = "nvidia-tuned"
@@ -59,26 +54,32 @@ def test_a_retried_stage_drops_the_old_verdict_and_gets_a_check_of_its_own() -> 
     running = core.decide(
         cr=cr, node=_facts(_applied("running", 2), FAILED), check_pods=[old_pod], now=T0
     )
-    assert running.record is not None
-    assert running.record.checks == {}
+    assert written(running.record, ValidatorRecord).checks == {}
     assert running.delete == (old_req.name,), "the old check pod goes with its verdict"
-    assert progress.turn(cr, _facts(_applied("running", 2), running.record)) == "executor"
+    assert (
+        progress.turn(cr, _facts(_applied("running", 2), written(running.record, ValidatorRecord)))
+        == "executor"
+    )
     # Attempt 2 succeeded: its own check pod, under a new name.
     checked = core.decide(
-        cr=cr, node=_facts(_applied("succeeded", 2), running.record), check_pods=[], now=T0
+        cr=cr,
+        node=_facts(_applied("succeeded", 2), written(running.record, ValidatorRecord)),
+        check_pods=[],
+        now=T0,
     )
     (req,) = checked.create
     assert (req.attempt, req.name != old_req.name) == (2, True)
-    assert checked.record is not None
-    assert checked.record.checks[KEY].attempt == 2
+    assert written(checked.record, ValidatorRecord).checks[KEY].attempt == 2
     passed = core.decide(
         cr=cr,
-        node=_facts(_applied("succeeded", 2), checked.record),
+        node=_facts(_applied("succeeded", 2), written(checked.record, ValidatorRecord)),
         check_pods=[_pod(req, "Succeeded")],
         now=T0,
     )
-    assert passed.record is not None
-    assert (passed.record.checks[KEY].verdict, passed.record.checks[KEY].attempt) == ("passed", 2)
+    assert (
+        written(passed.record, ValidatorRecord).checks[KEY].verdict,
+        written(passed.record, ValidatorRecord).checks[KEY].attempt,
+    ) == ("passed", 2)
 
 
 VALIDATED = ValidatorRecord(
@@ -114,13 +115,16 @@ def test_decide_honours_new_requests_first_and_once() -> None:
     d = core.decide(
         cr=cr, node=_facts(_applied("succeeded", 1), FAILED), check_pods=[], now=T0, requests=reqs
     )
-    assert d.record == ValidatorRecord(honoured=1)
+    assert written(d.record, ValidatorRecord) == ValidatorRecord(honoured=1)
     assert (d.create, d.requeue_after) == ((), 0.0)
     again = core.decide(
-        cr=cr, node=_facts(_applied("succeeded", 1), d.record), check_pods=[], now=T0, requests=reqs
+        cr=cr,
+        node=_facts(_applied("succeeded", 1), written(d.record, ValidatorRecord)),
+        check_pods=[],
+        now=T0,
+        requests=reqs,
     )
-    assert again.record is not None
-    assert again.record.honoured == 1
+    assert written(again.record, ValidatorRecord).honoured == 1
     assert [r.stage for r in again.create] == ["apply"]
 
 
@@ -132,5 +136,4 @@ def test_a_fresh_record_starts_having_honoured_every_request() -> None:
         now=T0,
         requests=_requests("retry", "rerun"),
     )
-    assert d.record is not None
-    assert d.record.honoured == 2
+    assert written(d.record, ValidatorRecord).honoured == 2

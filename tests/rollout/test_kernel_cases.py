@@ -1,13 +1,26 @@
-"""The scheduler core admits nodes within the budget and says why others wait."""
+"""The rollout kernel admits nodes within the budget and says why others wait: single
+decisions, as tables."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from services.scheduler import core
-from shared import nodestate, progress
-from shared.nodestate import DrainRecord, Selection
+from shared import api, nodestate, progress
+from shared.records.drainer import DrainRecord
+from shared.records.executor import ExecutorRecord, PackageRecord
+from shared.records.scheduler import Selection
+from shared.records.validator import ValidatorRecord
+from shared.rollout import fleet, kernel, rules
+from shared.rollout.book import BATCHES_ANNOTATION, BatchBook, encode_batch_book
 from tests.helpers.facts import T0, node, nodewright
+
+
+def _plan(cr: api.NodeWright, nodes: list[progress.NodeFacts], **ctx: Any) -> kernel.Plan:
+    return kernel.plan(
+        cr=cr, policy=None, nodes=nodes, book=BatchBook(), ctx=kernel.Context(now=T0, **ctx)
+    )
 
 
 def _facts(*nodes: dict[str, object]) -> list[progress.NodeFacts]:
@@ -37,7 +50,7 @@ def _selection(target: str = "x") -> Selection:
 )
 def test_budget_of(budget: dict[str, int] | None, matched: int, expected: int) -> None:
     cr = nodewright(interruptionBudget=budget) if budget else nodewright()
-    assert core.budget_of(cr.spec.interruption_budget, matched) == expected
+    assert rules.budget_nodes(cr.spec.interruption_budget, matched) == expected
 
 
 def test_only_target_nodes_are_admitted_and_never_more_than_the_budget() -> None:
@@ -45,7 +58,7 @@ def test_only_target_nodes_are_admitted_and_never_more_than_the_budget() -> None
     nodes = [node(f"gpu-{i}") for i in range(9)] + [
         node(f"cpu-{i}", labels={"nodepool": "cpu"}) for i in range(3)
     ]
-    plan = core.plan(cr=cr, policy=None, nodes=_facts(*nodes), now=T0)
+    plan = _plan(cr, _facts(*nodes))
     assert plan.targets == tuple(f"gpu-{i}" for i in range(9))
     assert [a.node for a in plan.admit] == ["gpu-0", "gpu-1"]  # 33% of 9 = 2.97 -> 2
     # The batch in flight holds the whole budget: the others wait for it to finish.
@@ -61,8 +74,9 @@ def test_admitted_unfinished_nodes_and_unavailable_nodes_hold_budget_slots() -> 
         node("b", ready=False),
         node("c"),
     )
-    plan = core.plan(cr=cr, policy=None, nodes=nodes, now=T0)
+    plan = _plan(cr, nodes)
     assert plan.in_flight == 2
+    assert plan.compartments[0].holders == (("a", "admitted"), ("b", "NotReady"))
     assert plan.admit == ()
     assert plan.waiting["c"].code == "BudgetExhausted"
     assert plan.waiting["b"].code == "NodeNotReady"
@@ -70,9 +84,7 @@ def test_admitted_unfinished_nodes_and_unavailable_nodes_hold_budget_slots() -> 
 
 def test_a_node_cordoned_by_someone_else_counts_against_the_budget() -> None:
     cr = nodewright(interruptionBudget={"count": 1})
-    plan = core.plan(
-        cr=cr, policy=None, nodes=_facts(node("a", unschedulable=True), node("b")), now=T0
-    )
+    plan = _plan(cr, _facts(node("a", unschedulable=True), node("b")))
     assert plan.in_flight == 1
     # The cordoned node may join without another slot; b would need one.
     assert [a.node for a in plan.admit] == ["a"]
@@ -82,9 +94,9 @@ def test_finished_nodes_are_released_only_after_the_drainer_let_go() -> None:
     cr = nodewright()
     target = progress.target_digest(cr)
     d = progress.desired(cr)["nvidia-tuned"]
-    done = nodestate.ExecutorRecord(
+    done = ExecutorRecord(
         packages={
-            "nvidia-tuned": nodestate.PackageRecord(
+            "nvidia-tuned": PackageRecord(
                 version="0.9.0",
                 stage="config",
                 state="succeeded",
@@ -94,7 +106,7 @@ def test_finished_nodes_are_released_only_after_the_drainer_let_go() -> None:
             )
         }
     )
-    validated = nodestate.ValidatorRecord(validated=target)
+    validated = ValidatorRecord(validated=target)
     drain = DrainRecord(phase="drained", cordoned=True, started=T0, since=T0)
     still_cordoned = node(
         "a",
@@ -113,8 +125,8 @@ def test_finished_nodes_are_released_only_after_the_drainer_let_go() -> None:
             nodestate.VALIDATOR: validated,
         },
     )
-    plan = core.plan(cr=cr, policy=None, nodes=_facts(still_cordoned, released), now=T0)
-    assert plan.release == ("b",)
+    plan = _plan(cr, _facts(still_cordoned, released))
+    assert plan.release == (kernel.Release("b", done=True),)
 
 
 @pytest.mark.parametrize(
@@ -129,25 +141,54 @@ def test_finished_nodes_are_released_only_after_the_drainer_let_go() -> None:
     ],
 )
 def test_ineligible_nodes_wait_with_a_reason(node_kwargs: dict[str, object], code: str) -> None:
-    plan = core.plan(cr=nodewright(), policy=None, nodes=_facts(node("a", **node_kwargs)), now=T0)  # type: ignore[arg-type]
+    plan = _plan(nodewright(), _facts(node("a", **node_kwargs)))  # type: ignore[arg-type]
     assert plan.admit == ()
     assert plan.waiting["a"].code == code
 
 
 def test_a_paused_nodewright_admits_nothing_new() -> None:
     cr = nodewright(annotations={"nodewright.nvidia.com/pause": "true"})
-    plan = core.plan(cr=cr, policy=None, nodes=_facts(node("a")), now=T0)
+    plan = _plan(cr, _facts(node("a")))
     assert plan.admit == ()
     assert plan.waiting["a"].code == "Paused"
 
 
 def test_drain_only_for_interrupts_admits_non_disruptively() -> None:
     cr = nodewright(drain={"onlyForInterrupts": True})
-    plan = core.plan(cr=cr, policy=None, nodes=_facts(node("a")), now=T0)
+    plan = _plan(cr, _facts(node("a")))
     assert plan.admit[0].selection.disruptive is False
     cr2 = nodewright(
         drain={"onlyForInterrupts": True},
         packages={"k": {"version": "1.0.0", "image": "r/k", "interrupt": {"type": "reboot"}}},
     )
-    plan2 = core.plan(cr=cr2, policy=None, nodes=_facts(node("a")), now=T0)
+    plan2 = _plan(cr2, _facts(node("a")))
     assert plan2.admit[0].selection.disruptive is True
+
+
+def test_the_cluster_budget_counts_another_nodewrights_admission_in_flight() -> None:
+    """NodeWright a wrote its book with the fence and is about to admit a-0; b decides on
+    nodes that do not show that admission yet: the cluster budget of 1 is taken."""
+    nodes = [node("a-0", labels={"pool": "a"}), node("b-0", labels={"pool": "b"})]
+    fence = BatchBook(admitting={"a-0": nodes[0]["metadata"]["resourceVersion"]})
+    a = nodewright(
+        "a",
+        nodeSelectors={"matchLabels": {"pool": "a"}},
+        annotations={BATCHES_ANNOTATION: encode_batch_book(fence)},
+    )
+    b = nodewright("b", nodeSelectors={"matchLabels": {"pool": "b"}})
+    world = fleet.Fleet(
+        crs=[a, b], policies={}, nodes=nodes, settings=fleet.Settings(cluster_budget=1)
+    )
+    plan = fleet.decide(world, b, T0)
+    assert plan.admit == ()
+    reason = plan.waiting["b-0"]
+    assert reason.code == "ClusterBudgetExhausted"
+    assert reason.message == (
+        "1 of 1 nodes of the cluster budget are disrupted: a-0: being admitted by NodeWright a"
+    )
+    # Once a-0 changed without its admission (the write lost its race), it holds nothing.
+    moved = [dict(nodes[0], metadata={**nodes[0]["metadata"], "resourceVersion": "9"}), nodes[1]]
+    again = fleet.decide(
+        fleet.Fleet(crs=[a, b], policies={}, nodes=moved, settings=world.settings), b, T0
+    )
+    assert [x.node for x in again.admit] == ["b-0"]

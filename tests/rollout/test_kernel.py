@@ -1,5 +1,6 @@
-"""The rollout planner: budgets, compartments, strategies, gates and resets, as properties
-(hypothesis drives whole rollouts step by step) and as tables of exact cases."""
+"""The rollout kernel: budgets, compartments, strategies, gates and resets, as properties
+(hypothesis drives whole rollouts step by step, the way the scheduler's shell does) and as
+tables of exact cases."""
 
 from __future__ import annotations
 
@@ -13,10 +14,20 @@ import msgspec
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from services.scheduler import planner
 from shared import api, progress
-from shared.nodestate import DrainRecord, ExecutorRecord, PackageRecord, Selection
-from shared.progress import DEFAULT_COMPARTMENT, BatchBook, NodeFacts
+from shared.progress import NodeFacts
+from shared.records.drainer import DrainRecord
+from shared.records.executor import ExecutorRecord, PackageRecord
+from shared.records.scheduler import Selection
+from shared.rollout import kernel, rules, simulation, slots
+from shared.rollout.book import (
+    RESET_ANNOTATION,
+    BatchBook,
+    CompartmentBatch,
+    encode_batch_book,
+    versions_digest,
+)
+from shared.rollout.rules import DEFAULT_COMPARTMENT
 from tests.helpers.facts import T0, node, nodewright
 
 CR = "gpu-node-tuning"
@@ -37,11 +48,20 @@ def _fleet(n: int, labels: Callable[[int], Mapping[str, str]] = lambda i: {}) ->
 def _failed(cr: api.NodeWright, n: NodeFacts) -> NodeFacts:
     d = next(iter(progress.desired(cr).values()))
     rec = PackageRecord(version=d.version, stage="apply", state="failed", updated=T0)
-    return replace(n, executor=ExecutorRecord(packages={d.name: rec}))
+    return simulation.written(n, executor=ExecutorRecord(packages={d.name: rec}))
 
 
-def _selected(n: NodeFacts, admit: planner.Admit) -> NodeFacts:
-    return replace(n, selection=admit.selection)
+def _selected(n: NodeFacts, admit: kernel.Admit) -> NodeFacts:
+    return simulation.written(n, selection=admit.selection)
+
+
+def _released(n: NodeFacts) -> NodeFacts:
+    return simulation.written(n, selection=None)
+
+
+def _done(cr: api.NodeWright, n: NodeFacts) -> NodeFacts:
+    """Done and released: nothing of the rollout left on the node."""
+    return _released(simulation.as_done(cr, n))
 
 
 @dataclass
@@ -55,18 +75,31 @@ class Rollout:
     fails: set[str] = field(default_factory=set)
     book: BatchBook = field(default_factory=BatchBook)
     batches: list[tuple[str, int, tuple[str, ...]]] = field(default_factory=list)
-    plans: list[planner.Plan] = field(default_factory=list)
-    caps: tuple[planner.SharedCap, ...] = ()
+    plans: list[kernel.Plan] = field(default_factory=list)
+    caps: tuple[kernel.SharedCap, ...] = ()
     now: datetime = T0
+    released: list[list[str]] = field(default_factory=list)
+    """Per step, the nodes whose admissions it released."""
 
-    def step(self) -> planner.Plan:
-        p = planner.plan(
+    def decide(self) -> kernel.Plan:
+        return kernel.plan(
             cr=self.cr,
             policy=self.policy,
             nodes=list(self.nodes.values()),
             book=self.book,
-            ctx=planner.Context(now=self.now, caps=self.caps),
+            ctx=kernel.Context(now=self.now, caps=self.caps),
         )
+
+    def step(self) -> kernel.Plan:
+        """One pass of the scheduler's shell: the releases are written, the decision is
+        taken again on what was written, then the book and the admissions."""
+        p = self.decide()
+        released = [r.node for r in p.release]
+        if released:
+            for name in released:
+                self.nodes[name] = _released(self.nodes[name])
+            p = self.decide()
+        self.released.append(released)
         self.plans.append(p)
         for comp in p.compartments:
             key = (comp.name, comp.batch.state.current_batch, comp.batch.nodes)
@@ -74,8 +107,6 @@ class Rollout:
                 self.batches.append(key)
         for a in p.admit:
             self.nodes[a.node] = _selected(self.nodes[a.node], a)
-        for name in p.release:
-            self.nodes[name] = replace(self.nodes[name], selection=None)
         self.book = p.book
         return p
 
@@ -86,14 +117,14 @@ class Rollout:
             if name in self.fails:
                 self.nodes[name] = _failed(self.cr, n)
             else:
-                self.nodes[name] = replace(planner._as_done(self.cr, n), selection=n.selection)
+                self.nodes[name] = simulation.as_done(self.cr, n)
 
     def run(self, max_steps: int = 500) -> None:
         for _ in range(max_steps):
             p = self.step()
             before = dict(self.nodes)
             self.finish_admitted()
-            if not p.admit and not p.release and before == self.nodes and not p.events:
+            if not p.admit and not self.released[-1] and before == self.nodes and not p.events:
                 return
         raise AssertionError("the rollout did not settle")
 
@@ -152,7 +183,7 @@ def test_percent_budgets_round_down_with_a_minimum_of_one(
     budget: dict[str, int] | None, matched: int, expected: int
 ) -> None:
     b = api.from_dict(budget, api.Budget) if budget else None
-    assert progress.budget_nodes(b, matched) == expected
+    assert rules.budget_nodes(b, matched) == expected
 
 
 def test_overlapping_selectors_go_to_the_safest_compartment() -> None:
@@ -196,7 +227,7 @@ def test_overlapping_selectors_go_to_the_safest_compartment() -> None:
             {},  # none: the default
         ][i],
     )
-    got = progress.assign_compartments(progress.compartment_rules(_cr(), pol), nodes)
+    got = rules.assign_compartments(rules.compartment_rules(_cr(), pol), nodes)
     assert got == {
         "n000": "b-lin-big",
         "n001": "c-lin-small",
@@ -213,7 +244,7 @@ def test_equal_rank_and_budget_break_ties_by_name() -> None:
     ]
     pol = _policy({"default": {"budget": {"count": 1}}, "compartments": comps})
     nodes = _fleet(1, lambda i: {"a": "1", "b": "1"})
-    got = progress.assign_compartments(progress.compartment_rules(_cr(), pol), nodes)
+    got = rules.assign_compartments(rules.compartment_rules(_cr(), pol), nodes)
     assert got == {"n000": "alpha"}
 
 
@@ -224,19 +255,18 @@ def test_nodes_unavailable_for_other_reasons_count_against_the_budget() -> None:
         progress.facts(node("b", unschedulable=True), CR),
         *_fleet(5),
     ]
-    p = planner.plan(
-        cr=_cr(), policy=pol, nodes=nodes, book=BatchBook(), ctx=planner.Context(now=T0)
-    )
+    p = kernel.plan(cr=_cr(), policy=pol, nodes=nodes, book=BatchBook(), ctx=kernel.Context(now=T0))
     # 3 slots, 2 held by unavailable nodes: one new node is disrupted; the node cordoned by
     # someone else may join the batch without taking another slot.
     assert sorted(a.node for a in p.admit) == ["b", "n000"]
-    assert p.compartments[0].busy == 3
+    assert p.compartments[0].busy == 2
+    assert p.compartments[0].holders == (("a", "NotReady"), ("b", "cordoned by someone else"))
 
 
 def test_the_budget_caps_a_strategy_whose_batch_is_larger() -> None:
     pol = _policy({"default": {"budget": {"count": 2}, "strategy": _strategy("fixed", 10, 0)}})
-    p = planner.plan(
-        cr=_cr(), policy=pol, nodes=_fleet(10), book=BatchBook(), ctx=planner.Context(now=T0)
+    p = kernel.plan(
+        cr=_cr(), policy=pol, nodes=_fleet(10), book=BatchBook(), ctx=kernel.Context(now=T0)
     )
     assert len(p.admit) == 2
 
@@ -272,7 +302,7 @@ def test_the_stop_gate_holds_past_the_shrink_limit() -> None:
     r = Rollout(_cr(), _policy(_failing_policy(2, shrink=1)), {n.name: n for n in _fleet(10)})
     done = set(list(r.nodes)[:2])
     for name in done:
-        r.nodes[name] = planner._as_done(r.cr, r.nodes[name])
+        r.nodes[name] = _done(r.cr, r.nodes[name])
     r.fails = set(r.nodes) - done
     r.run()
     assert r.sizes() == [2, 2]  # above the shrink limit a failed batch keeps its size
@@ -309,7 +339,7 @@ def test_blocked_nodes_never_hold_a_batch_open_and_the_policy_says_how_they_coun
     r.nodes["n001"] = replace(
         r.nodes["n001"], labels={**r.nodes["n001"].labels, "nodewright.nvidia.com/ignore": "true"}
     )
-    r.nodes["n000"] = planner._as_done(r.cr, r.nodes["n000"])
+    r.nodes["n000"] = _done(r.cr, r.nodes["n000"])
     r.step()
     entry = r.book.compartments[DEFAULT_COMPARTMENT]
     assert entry.state.current_batch == 2
@@ -345,7 +375,7 @@ def test_windows_gate_only_the_start_of_new_nodes() -> None:
     r.finish_admitted()
     p = r.step()
     assert p.admit == ()
-    assert sorted(p.release) == ["n000", "n001"], "work in progress finishes and is released"
+    assert r.released[-1] == ["n000", "n001"], "work in progress finishes and is released"
     assert {w.code for w in p.waiting.values()} == {"WaitingForWindow"}
 
 
@@ -371,7 +401,7 @@ def test_windows_gate_only_the_start_of_new_nodes() -> None:
 def test_maintenance_windows(window: dict[str, Any], at: tuple[int, ...], inside: bool) -> None:
     w = api.from_dict(window, api.MaintenanceWindow)
     y, mo, d, h, mi = at
-    assert progress.in_window([w], datetime(y, mo, d, h, mi, tzinfo=UTC)) is inside
+    assert rules.in_window([w], datetime(y, mo, d, h, mi, tzinfo=UTC)) is inside
 
 
 def test_batch_state_resets_by_annotation_version_change_and_completion() -> None:
@@ -381,7 +411,7 @@ def test_batch_state_resets_by_annotation_version_change_and_completion() -> Non
     r.run()
     assert r.book.compartments[DEFAULT_COMPARTMENT].state.stopped
     # By annotation: the compartment starts again at batch 1.
-    r.cr = _cr(annotations={progress.RESET_ANNOTATION: "t1"})
+    r.cr = _cr(annotations={RESET_ANNOTATION: "t1"})
     r.fails = set()
     for name in list(r.nodes):
         r.nodes[name] = progress.facts(node(name), CR)
@@ -391,26 +421,24 @@ def test_batch_state_resets_by_annotation_version_change_and_completion() -> Non
     assert not p.book.compartments[DEFAULT_COMPARTMENT].state.stopped
     # The same token again does nothing; completion resets.
     r.run()
-    assert r.book.compartments[DEFAULT_COMPARTMENT] == progress.CompartmentBatch()
+    assert r.book.compartments[DEFAULT_COMPARTMENT] == CompartmentBatch()
     # A version change resets a stopped compartment too.
     stopped = BatchBook(
         compartments={
-            DEFAULT_COMPARTMENT: progress.CompartmentBatch(
+            DEFAULT_COMPARTMENT: CompartmentBatch(
                 state=api.BatchState(current_batch=4, stopped=True)
             )
         },
         versions="old",
     )
-    p = planner.plan(
-        cr=_cr(), policy=pol, nodes=_fleet(2), book=stopped, ctx=planner.Context(now=T0)
-    )
+    p = kernel.plan(cr=_cr(), policy=pol, nodes=_fleet(2), book=stopped, ctx=kernel.Context(now=T0))
     assert p.admit
-    kept = planner.plan(
+    kept = kernel.plan(
         cr=_cr(deploymentPolicyOptions={"resetBatchStateOnVersionChange": False}),
         policy=pol,
         nodes=_fleet(2),
         book=stopped,
-        ctx=planner.Context(now=T0),
+        ctx=kernel.Context(now=T0),
     )
     assert kept.admit == ()
     assert kept.book.compartments[DEFAULT_COMPARTMENT].state.stopped
@@ -418,30 +446,30 @@ def test_batch_state_resets_by_annotation_version_change_and_completion() -> Non
 
 def test_pause_disable_and_priority_start_nothing() -> None:
     nodes = _fleet(2)
-    paused = planner.plan(
+    paused = kernel.plan(
         cr=nodewright(annotations={api.PAUSE_ANNOTATION: "true"}),
         policy=None,
         nodes=nodes,
         book=BatchBook(),
-        ctx=planner.Context(now=T0),
+        ctx=kernel.Context(now=T0),
     )
     assert paused.admit == ()
     assert paused.waiting["n000"].code == "Paused"
-    disabled = planner.plan(
+    disabled = kernel.plan(
         cr=nodewright(annotations={api.DISABLE_ANNOTATION: "true"}),
         policy=None,
         nodes=nodes,
         book=BatchBook(),
-        ctx=planner.Context(now=T0),
+        ctx=kernel.Context(now=T0),
     )
     assert disabled.admit == ()
     assert disabled.book == BatchBook()
-    waits = planner.plan(
+    waits = kernel.plan(
         cr=nodewright(interruptionBudget={"count": 2}),
         policy=None,
         nodes=nodes,
         book=BatchBook(),
-        ctx=planner.Context(now=T0, priority_waits={"n000": "first"}),
+        ctx=kernel.Context(now=T0, priority_waits={"n000": "first"}),
     )
     assert [a.node for a in waits.admit] == ["n001"]
     assert waits.waiting["n000"].code == "WaitingForPriority"
@@ -455,36 +483,39 @@ def test_priority_and_sequencing_across_nodewrights() -> None:
     first = nodewright("first", priority=1, sequencing="node")
     second = nodewright("second", priority=5)
     nodes = [_raw("a"), _raw("b")]
-    assert progress.priority_waits(second, [first, second], nodes) == {"a": "first", "b": "first"}
-    assert progress.priority_waits(first, [first, second], nodes) == {}
+    assert rules.priority_waits(second, [first, second], nodes) == {"a": "first", "b": "first"}
+    assert rules.priority_waits(first, [first, second], nodes) == {}
     gate_all = nodewright("first", priority=1, sequencing="all", nodeSelectors={})
     only_a = [_raw("a", labels={"pool": "x"}), _raw("b")]
     narrow = nodewright(
         "first", priority=1, sequencing="all", nodeSelectors={"matchLabels": {"pool": "x"}}
     )
-    assert progress.priority_waits(second, [narrow, second], only_a) == {
+    assert rules.priority_waits(second, [narrow, second], only_a) == {
         "a": "first",
         "b": "first",
     }
     per_node = nodewright(
         "first", priority=1, sequencing="node", nodeSelectors={"matchLabels": {"pool": "x"}}
     )
-    assert progress.priority_waits(second, [per_node, second], only_a) == {"a": "first"}
+    assert rules.priority_waits(second, [per_node, second], only_a) == {"a": "first"}
     assert gate_all.spec.sequencing == "all"
     disabled = nodewright("first", priority=1, annotations={api.DISABLE_ANNOTATION: "true"})
-    assert progress.priority_waits(second, [disabled, second], nodes) == {}
+    assert rules.priority_waits(second, [disabled, second], nodes) == {}
 
 
 def test_a_shared_cap_counts_distinct_nodes_across_nodewrights() -> None:
-    cap = planner.SharedCap(
-        name="cluster budget", code="ClusterBudgetExhausted", limit=1, holders=frozenset({"n000"})
+    cap = kernel.SharedCap(
+        name="cluster budget",
+        code="ClusterBudgetExhausted",
+        limit=1,
+        holders={"n000": "admitted by NodeWright other"},
     )
-    p = planner.plan(
+    p = kernel.plan(
         cr=nodewright(interruptionBudget={"count": 3}),
         policy=None,
         nodes=_fleet(3),
         book=BatchBook(),
-        ctx=planner.Context(now=T0, caps=(cap,)),
+        ctx=kernel.Context(now=T0, caps=(cap,)),
     )
     # n000 is already disrupted by another NodeWright: this one may join it, nothing more.
     assert [a.node for a in p.admit] == ["n000"]
@@ -505,8 +536,8 @@ def test_simulation_lists_the_batches_the_rollout_runs() -> None:
         }
     )
     nodes = _fleet(8, lambda i: {"canary": "true"} if i < 2 else {})
-    batches, first = planner.simulate(
-        cr=_cr(), policy=pol, nodes=nodes, book=BatchBook(), ctx=planner.Context(now=T0)
+    batches, first = simulation.simulate(
+        cr=_cr(), policy=pol, nodes=nodes, book=BatchBook(), ctx=kernel.Context(now=T0)
     )
     assert [(b.compartment, b.batch, b.nodes) for b in batches] == [
         ("canary", 1, ("n000",)),
@@ -569,14 +600,14 @@ def rollouts(draw: st.DrawFn) -> tuple[api.NodeWright, api.DeploymentPolicy, lis
     return _cr(), pol, nodes
 
 
-def _busy_per_compartment(r: Rollout, rules: Sequence[progress.CompartmentRule]) -> dict[str, int]:
+def _busy_per_compartment(r: Rollout, rule_list: Sequence[rules.CompartmentRule]) -> dict[str, int]:
     targets = list(r.nodes.values())
-    assigned = progress.assign_compartments(rules, targets)
-    known = {x.name for x in rules}
-    out: dict[str, int] = {x.name: 0 for x in rules}
+    assigned = rules.assign_compartments(rule_list, targets)
+    known = {x.name for x in rule_list}
+    out: dict[str, int] = {x.name: 0 for x in rule_list}
     for n in targets:
-        if progress.busy(n):
-            out[progress.compartment_of(n, assigned, known)] += 1
+        if slots.hold(r.cr, n, r.book.admitting) is not None:
+            out[rules.compartment_of(n, assigned, known)] += 1
     return out
 
 
@@ -587,21 +618,21 @@ def test_the_budget_is_never_exceeded_and_succeeding_batches_reach_every_eligibl
 ) -> None:
     cr, pol, nodes = case
     r = Rollout(cr, pol, {n.name: n for n in nodes})
-    rules = progress.compartment_rules(cr, pol)
-    matched = progress.assign_compartments(rules, nodes)
+    rule_list = rules.compartment_rules(cr, pol)
+    matched = rules.assign_compartments(rule_list, nodes)
     budgets = {
-        rule.name: progress.budget_nodes(
+        rule.name: rules.budget_nodes(
             rule.rollout.budget, sum(1 for c in matched.values() if c == rule.name)
         )
-        for rule in rules
+        for rule in rule_list
     }
     for i in range(400):
         if i == 5:  # unavailable nodes recover: until then they hold budget slots
             for name, n in list(r.nodes.items()):
-                r.nodes[name] = replace(n, ready=True, unschedulable=False)
-        before = _busy_per_compartment(r, rules)
+                r.nodes[name] = simulation.written(n, ready=True, unschedulable=False)
+        before = _busy_per_compartment(r, rule_list)
         p = r.step()
-        after = _busy_per_compartment(r, rules)
+        after = _busy_per_compartment(r, rule_list)
         for comp in p.compartments:
             admitted = sum(1 for a in p.admit if a.selection.compartment == comp.name)
             if admitted:
@@ -610,7 +641,7 @@ def test_the_budget_is_never_exceeded_and_succeeding_batches_reach_every_eligibl
         # Finish a random part of the admitted nodes (all eventually).
         for name, n in list(r.nodes.items()):
             if n.selection is not None and rng.random() < 0.6:
-                r.nodes[name] = replace(planner._as_done(cr, n), selection=n.selection)
+                r.nodes[name] = simulation.as_done(cr, n)
         if (
             i > 5
             and not p.admit
@@ -688,25 +719,25 @@ def test_overlap_resolution_does_not_depend_on_order(
     case: tuple[api.NodeWright, api.DeploymentPolicy, list[NodeFacts]], rng: random.Random
 ) -> None:
     cr, pol, nodes = case
-    rules = progress.compartment_rules(cr, pol)
-    want = progress.assign_compartments(rules, nodes)
-    shuffled_rules, shuffled_nodes = list(rules), list(nodes)
+    rule_list = rules.compartment_rules(cr, pol)
+    want = rules.assign_compartments(rule_list, nodes)
+    shuffled_rules, shuffled_nodes = list(rule_list), list(nodes)
     rng.shuffle(shuffled_rules)
     rng.shuffle(shuffled_nodes)
-    assert progress.assign_compartments(shuffled_rules, shuffled_nodes) == want
+    assert rules.assign_compartments(shuffled_rules, shuffled_nodes) == want
     for n in nodes:
         candidates = [
             x
-            for x in rules
+            for x in rule_list
             if x.selector is not None and progress.selector_matches(x.selector, n.labels)
         ]
         if not candidates:
             assert want[n.name] == DEFAULT_COMPARTMENT
         else:
-            chosen = next(x for x in rules if x.name == want[n.name])
-            rank = progress.STRATEGY_RANK[progress.strategy_kind(chosen.rollout)]
+            chosen = next(x for x in rule_list if x.name == want[n.name])
+            rank = rules.STRATEGY_RANK[rules.strategy_kind(chosen.rollout)]
             assert rank == min(
-                progress.STRATEGY_RANK[progress.strategy_kind(x.rollout)] for x in candidates
+                rules.STRATEGY_RANK[rules.strategy_kind(x.rollout)] for x in candidates
             )
 
 
@@ -752,7 +783,7 @@ def test_nodes_get_their_zero_based_rollout_order_across_batches() -> None:
     # The book counted them while the rollout ran; completion reset it for the next one.
     assert max(p.book.admitted for p in r.plans) == 10
     assert r.book.admitted == 0
-    assert "admitted" not in progress.encode_batch_book(r.book)  # omitted at its default
+    assert "admitted" not in encode_batch_book(r.book)  # omitted at its default
 
 
 def test_each_compartment_admits_from_the_one_counter_in_rule_order() -> None:
@@ -784,13 +815,13 @@ def test_every_reset_starts_the_order_at_zero_unless_a_node_still_holds_one() ->
     pol = _policy({"default": {"budget": {"count": 10}, "strategy": _strategy("fixed", 2, 0)}})
     fleet = _fleet(4)
     # By annotation, nothing admitted any more: a new rollout with its own node 0.
-    book = BatchBook(admitted=4, versions=progress.versions_digest(_cr()))
-    p = planner.plan(
-        cr=_cr(annotations={progress.RESET_ANNOTATION: "t1"}),
+    book = BatchBook(admitted=4, versions=versions_digest(_cr()))
+    p = kernel.plan(
+        cr=_cr(annotations={RESET_ANNOTATION: "t1"}),
         policy=pol,
         nodes=fleet,
         book=book,
-        ctx=planner.Context(now=T0),
+        ctx=kernel.Context(now=T0),
     )
     assert [(a.node, a.selection.order) for a in p.admit] == [("n000", 0), ("n001", 1)]
     assert p.book.admitted == 2
@@ -808,22 +839,22 @@ def test_every_reset_starts_the_order_at_zero_unless_a_node_still_holds_one() ->
             order=5,
         ),
     )
-    p = planner.plan(
+    p = kernel.plan(
         cr=_cr(),
         policy=pol,
         nodes=[*fleet[:3], running],
         book=BatchBook(admitted=6, versions="old"),
-        ctx=planner.Context(now=T0),
+        ctx=kernel.Context(now=T0),
     )
     assert "batch state reset: package versions changed" in p.events
     assert [(a.node, a.selection.order) for a in p.admit] == [("n000", 6), ("n001", 7)]
     # Without the version-change reset the count simply goes on.
-    p = planner.plan(
+    p = kernel.plan(
         cr=_cr(deploymentPolicyOptions={"resetBatchStateOnVersionChange": False}),
         policy=pol,
         nodes=fleet,
         book=BatchBook(admitted=6, versions="old"),
-        ctx=planner.Context(now=T0),
+        ctx=kernel.Context(now=T0),
     )
     assert [(a.node, a.selection.order) for a in p.admit] == [("n000", 6), ("n001", 7)]
     # A record without an order (written before the field existed) is unknown, not 0.
@@ -833,12 +864,12 @@ def test_every_reset_starts_the_order_at_zero_unless_a_node_still_holds_one() ->
         type=Selection,
     )
     assert legacy.order is None
-    p = planner.plan(
+    p = kernel.plan(
         cr=_cr(),
         policy=pol,
         nodes=[*fleet[:3], replace(fleet[3], selection=legacy)],
         book=BatchBook(admitted=2, versions="old"),
-        ctx=planner.Context(now=T0),
+        ctx=kernel.Context(now=T0),
     )
     assert [(a.node, a.selection.order) for a in p.admit] == [("n000", 0), ("n001", 1)]
 
@@ -848,19 +879,19 @@ def test_an_admission_made_again_keeps_the_order_reserved_for_it() -> None:
     a status write on the node, and the next pass admitted it again with the next order."""
     pol = _policy({"default": {"budget": {"count": 10}, "strategy": _strategy("fixed", 2, 0)}})
     fleet = _fleet(3)
-    first = planner.plan(
-        cr=_cr(), policy=pol, nodes=fleet, book=BatchBook(), ctx=planner.Context(now=T0)
+    first = kernel.plan(
+        cr=_cr(), policy=pol, nodes=fleet, book=BatchBook(), ctx=kernel.Context(now=T0)
     )
     assert [(a.node, a.selection.order) for a in first.admit] == [("n000", 0), ("n001", 1)]
     assert first.book.compartments[DEFAULT_COMPARTMENT].orders == (0, 1)
     # Only n001's write landed; the book was written before either.
     n001 = next(a for a in first.admit if a.node == "n001")
-    again = planner.plan(
+    again = kernel.plan(
         cr=_cr(),
         policy=pol,
         nodes=[fleet[0], _selected(fleet[1], n001), fleet[2]],
         book=first.book,
-        ctx=planner.Context(now=T0),
+        ctx=kernel.Context(now=T0),
     )
     assert [(a.node, a.selection.order) for a in again.admit] == [("n000", 0)]
     assert again.book.admitted == 2
@@ -873,12 +904,12 @@ def test_an_admission_made_again_keeps_the_order_reserved_for_it() -> None:
             )
         },
     )
-    old = planner.plan(
+    old = kernel.plan(
         cr=_cr(),
         policy=pol,
         nodes=[fleet[0], _selected(fleet[1], n001), fleet[2]],
         book=legacy,
-        ctx=planner.Context(now=T0),
+        ctx=kernel.Context(now=T0),
     )
     assert [(a.node, a.selection.order) for a in old.admit] == [("n000", 2)]
     assert old.book.admitted == 3
@@ -887,18 +918,18 @@ def test_an_admission_made_again_keeps_the_order_reserved_for_it() -> None:
 def test_completion_resets_the_order_even_without_batch_state() -> None:
     pol = _policy({"default": {"budget": {"count": 10}}})
     cr = _cr()
-    done = [planner._as_done(cr, x) for x in _fleet(2)]
-    p = planner.plan(
-        cr=cr, policy=pol, nodes=done, book=BatchBook(admitted=2), ctx=planner.Context(now=T0)
+    done = [_done(cr, x) for x in _fleet(2)]
+    p = kernel.plan(
+        cr=cr, policy=pol, nodes=done, book=BatchBook(admitted=2), ctx=kernel.Context(now=T0)
     )
     assert p.book.admitted == 0
     assert p.events == ("batch state reset: rollout complete",)
-    kept = planner.plan(
+    kept = kernel.plan(
         cr=_cr(deploymentPolicyOptions={"resetBatchStateOnCompletion": False}),
         policy=pol,
         nodes=done,
         book=BatchBook(admitted=2),
-        ctx=planner.Context(now=T0),
+        ctx=kernel.Context(now=T0),
     )
     assert kept.book.admitted == 2
 
@@ -923,9 +954,9 @@ def test_node_orders_are_unique_gapless_and_increase_with_the_batch_even_across_
     for i in range(600):
         if i == 5:
             for name, n in list(state.items()):
-                state[name] = replace(n, ready=True, unschedulable=False)
-        p = planner.plan(
-            cr=cr, policy=pol, nodes=list(state.values()), book=book, ctx=planner.Context(now=T0)
+                state[name] = simulation.written(n, ready=True, unschedulable=False)
+        p = kernel.plan(
+            cr=cr, policy=pol, nodes=list(state.values()), book=book, ctx=kernel.Context(now=T0)
         )
         if any("batch state reset" in e for e in p.events):
             rollout += 1
@@ -933,8 +964,16 @@ def test_node_orders_are_unique_gapless_and_increase_with_the_batch_even_across_
         assert len(given) == len(p.admit)
         assert len(set(given)) == len(given)
         assert all(o < p.book.admitted for o in given)
-        for name in p.release:
-            state[name] = replace(state[name], selection=None)
+        for r in p.release:
+            state[r.node] = _released(state[r.node])
+        if p.release:  # the shell decides again on the releases it wrote
+            p = kernel.plan(
+                cr=cr,
+                policy=pol,
+                nodes=list(state.values()),
+                book=book,
+                ctx=kernel.Context(now=T0),
+            )
         book = p.book  # written first, with a resourceVersion precondition
         lost = rng.random() < crash
         crashed = crashed or (lost and bool(p.admit))
@@ -946,7 +985,7 @@ def test_node_orders_are_unique_gapless_and_increase_with_the_batch_even_across_
             written.append((rollout, a.selection.compartment, a.selection.batch, a.selection.order))
         for name, n in list(state.items()):
             if n.selection is not None and rng.random() < 0.6:
-                state[name] = replace(planner._as_done(cr, n), selection=n.selection)
+                state[name] = simulation.as_done(cr, n)
         if (
             i > 5
             and not p.admit
@@ -985,10 +1024,12 @@ def test_the_next_batch_waits_for_the_last_one_to_be_released_rather_than_shrink
     entry = r.book.compartments[DEFAULT_COMPARTMENT]
     assert (entry.state.current_batch, entry.nodes) == (3, ()), "not opened with 2 of 3 nodes"
     (comp,) = p.compartments
-    assert comp.waiting is not None
-    assert comp.waiting.code == "WaitingForBatch"
+    assert comp.waiting is None, "waiting for the batch in flight is no compartment wait"
+    assert comp.unopened is not None
+    assert comp.unopened.code == "WaitingForBatch"
     assert (
-        comp.waiting.message == "1 nodes of compartment __default__'s last batch are being released"
+        comp.unopened.message
+        == "1 nodes of compartment __default__'s last batch are being released"
     )
     # Released: batch 3 opens at its full size.
     r.nodes["n001"] = replace(r.nodes["n001"], drain=None)

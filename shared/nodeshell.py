@@ -1,0 +1,326 @@
+"""The one per-node shell of the drainer, the executor and the validator: it carries out a
+:class:`shared.decisions.NodeDecision` through two ports.
+
+:func:`apply` does, in this order, what every such service did by hand before:
+
+1. run the service's ``prepare`` step, if any (the executor's node metadata ConfigMap, which
+   the stage pods mount; idempotent, so it may run for a decision that turns out stale);
+2. patch the node once (the owner's record written, kept or removed, the ``spec`` fields and
+   the owner's other annotations of the decision), with the resourceVersion of the node the
+   decision was taken on (:attr:`NodeDecision.observed_version`) as precondition: a
+   decision taken on a stale node is refused (the key is looked at again at once, on fresh
+   data). With :attr:`NodeDecision.fence` the patch is made even when nothing
+   changes, before any pod is created or deleted (see there);
+3. create the ConfigMaps and pods (one that exists already is success: names are
+   deterministic), at most :data:`CREATE_WITHIN_S` after that write; delete the pods, each
+   with its UID and resourceVersion as preconditions and only once it is
+   :data:`MIN_POD_AGE_S` old;
+4. publish the events, which step 2 wrote into the owner's outbox on the node in the same
+   patch as the transition they describe (``shared.outbox``), then clear the outbox
+   (:func:`flush`; preconditioned too). An outbox left by a writer that died before it
+   published is published by the next pass of the key, whoever makes it.
+
+Why both bounds: a replica may decide to create a pod it has not seen yet in its cache
+(another replica just created it); its create then meets the pod (AlreadyExists) as long as
+nobody deleted it meanwhile. Nobody deletes a pod younger than :data:`MIN_POD_AGE_S`, and
+a create comes at most :data:`CREATE_WITHIN_S` after the write that proved the record still
+wanted it, so a stage never runs twice under one name (docs/design.md "Each stage runs as
+often as its attempt says").
+
+The ports are Protocols: :class:`NodePort` (the node cache and its preconditioned patch),
+:class:`ObjectPort` (pods and ConfigMaps in the services' namespace) and :class:`EventPort`
+(the bus). :class:`KubeNodes`, :class:`KubeObjects` and :class:`BusEvents` are the real
+ones; ``tests/fakes`` has in-memory ones, so the shell is tested in milliseconds. Deciding
+is the cores' job; what a service reads before deciding is its own shell's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final, Protocol
+
+import nats.errors
+import nats.js.errors
+
+from shared import events, nodestate, outbox
+from shared.decisions import JSON, Keep, NodeDecision, PodRef, Remove, Write
+from shared.informer import Informer
+from shared.kube import ApiError, Kube, path_of
+from shared.streaming import Publisher
+
+_log = logging.getLogger("nodewright.nodeshell")
+
+STALE_RETRY_S: Final = 0.5
+"""When a key whose node write was refused (the node changed) is looked at again."""
+
+CREATE_WITHIN_S: Final = 5.0
+"""A pod is created at most this long after the node write that proved the decision
+current; later (a slow API server), the key is decided again instead."""
+
+MIN_POD_AGE_S: Final = 20.0
+"""No pod younger than this is deleted: longer than :data:`CREATE_WITHIN_S` plus how far a
+replica's pod cache may lag its node cache, so no replica can still be about to create it."""
+
+
+class NodePort(Protocol):
+    """The nodes a service sees, and the one way it writes one."""
+
+    def get(self, name: str) -> JSON | None:
+        """The node as last seen (None: gone)."""
+        ...
+
+    async def patch(self, name: str, body: JSON) -> bool:
+        """Merge-patch the node (``body`` carries its resourceVersion); False when the node
+        changed or is gone. What was written is seen by :meth:`get` at once."""
+        ...
+
+
+class ObjectPort(Protocol):
+    """Pods and ConfigMaps in the services' namespace."""
+
+    async def create(self, body: JSON) -> bool:
+        """Create ``body`` (a Pod or ConfigMap); False when it exists already."""
+        ...
+
+    async def delete_pod(self, pod: PodRef) -> bool:
+        """Delete the pod if it is still the object ``pod`` names, unchanged (UID and
+        resourceVersion as preconditions); True when it is gone, False when it changed."""
+        ...
+
+
+class EventPort(Protocol):
+    async def publish(self, event: events.Event) -> bool:
+        """Publish ``event``; False when the bus had it already. Raises
+        :class:`Unpublished` when the bus cannot take it now."""
+        ...
+
+
+class Unpublished(Exception):
+    """The bus did not take an event (NATS down or partitioned): it stays in the outbox."""
+
+
+UNPUBLISHED_RETRY_S: Final = 2.0
+"""When a key whose events could not be published is looked at again."""
+
+
+def node_patch(
+    decision: NodeDecision, resource_version: str, unpublished: tuple[events.Event, ...] = ()
+) -> JSON:
+    """The merge patch of ``decision`` for the node at ``resource_version``; its events go
+    into the owner's outbox, after the ``unpublished`` ones already there."""
+    annotations: dict[str, str | None] = dict(decision.annotations)
+    if decision.events:
+        annotations[outbox.key(decision.owner, decision.cr)] = outbox.value(
+            outbox.merged(unpublished, decision.events)
+        )
+    match decision.record:
+        case Write(record=record):
+            body = nodestate.patch(decision.owner, decision.cr, record)
+            annotations.update(body["metadata"]["annotations"])
+        case Remove():
+            annotations[nodestate.key(decision.owner, decision.cr)] = None
+        case Keep():
+            pass
+    meta: JSON = {"resourceVersion": resource_version}
+    if annotations:
+        meta["annotations"] = annotations
+    patch: JSON = {"metadata": meta}
+    if decision.spec:
+        patch["spec"] = dict(decision.spec)
+    return patch
+
+
+async def apply(
+    decision: NodeDecision,
+    *,
+    nodes: NodePort,
+    objects: ObjectPort,
+    bus: EventPort,
+    prepare: Callable[[], Awaitable[bool]] | None = None,
+    written: Callable[[], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> float | None:
+    """Carry out ``decision``; return when to look at the key again (None: when something
+    changes). ``prepare`` runs before the node write and any object; False stops there
+    (looked at again shortly). ``written`` is called once the node write landed (what it
+    recorded happened, once: a stale write of another replica does not land). ``clock`` times
+    the create window, ``now`` pods' ages."""
+    where = {"nodewright": decision.cr, "node": decision.node}
+    if prepare is not None and not await prepare():
+        return STALE_RETRY_S
+    fenced = clock()
+    cached = nodes.get(decision.node)
+    if cached is None:
+        return None  # gone: its pods and records go with it
+    unpublished = outbox.pending(cached, decision.owner, decision.cr)
+    if decision.patches_node:
+        current = str(cached["metadata"]["resourceVersion"])
+        version = decision.observed_version or current
+        # A node that changed since the decision (seen while ``prepare`` ran) is not sent
+        # the write the API server would refuse: the key is decided again at once.
+        if version != current or not await nodes.patch(
+            decision.node, node_patch(decision, version, unpublished)
+        ):
+            _log.info("Skipped stale Node write", extra=where)
+            return STALE_RETRY_S
+        fenced = clock()
+        if written is not None:
+            written()
+        unpublished = outbox.merged(unpublished, decision.events)
+    again = decision.requeue_after
+    for body in (*decision.config_maps, *decision.create):
+        if decision.fence and clock() - fenced > CREATE_WITHIN_S:
+            # The write that proved the decision current is too old to rely on.
+            _log.info("Skipped late create", extra={**where, "within_s": CREATE_WITHIN_S})
+            again = STALE_RETRY_S
+            break
+        if await objects.create(body) and body.get("kind") == "Pod":
+            meta = body["metadata"]
+            labels = meta.get("labels") or {}
+            _log.info(
+                "Created Pod",
+                extra={
+                    **where,
+                    "pod": meta["name"],
+                    "role": labels.get("nodewright.nvidia.com/role"),
+                },
+            )
+    at = now()
+    for pod in decision.delete:
+        age = (at - pod.created).total_seconds() if pod.created is not None else MIN_POD_AGE_S
+        if age < MIN_POD_AGE_S:
+            again = _sooner(again, MIN_POD_AGE_S - age)
+            continue
+        if not await objects.delete_pod(pod):
+            again = STALE_RETRY_S  # it changed since the decision: decide again
+    if unpublished:
+        flushed = await flush(
+            owner=decision.owner, cr=decision.cr, node=decision.node, nodes=nodes, bus=bus
+        )
+        if flushed is not None:
+            again = _sooner(again, flushed)
+    return again
+
+
+async def flush(*, owner: str, cr: str, node: str, nodes: NodePort, bus: EventPort) -> float | None:
+    """Publish what ``owner``'s outbox about ``cr`` on ``node`` holds, then clear it with
+    the node's resourceVersion as precondition (what another writer added meanwhile stays,
+    for the next flush). None when the outbox is empty now; else when to try again."""
+    cached = nodes.get(node)
+    todo = outbox.pending(cached, owner, cr)
+    if cached is None or not todo:
+        return None
+    try:
+        for event in todo:
+            await bus.publish(event)
+    except Unpublished:
+        # NATS is away (the bus logs that once); the events wait in the outbox.
+        _log.debug("Kept events in the outbox", extra={"nodewright": cr, "node": node})
+        return UNPUBLISHED_RETRY_S
+    body = {
+        "metadata": {
+            "resourceVersion": str(cached["metadata"]["resourceVersion"]),
+            "annotations": {outbox.key(owner, cr): None},
+        }
+    }
+    if not await nodes.patch(node, body):
+        return STALE_RETRY_S  # the node changed: the next pass publishes what is left
+    return None
+
+
+def pod_refs(pods: Informer, namespace: str, names: Iterable[str]) -> tuple[PodRef, ...]:
+    """The pods a core decided to delete, as the cache holds them (their UID and
+    resourceVersion become the delete's preconditions)."""
+    out = []
+    for name in names:
+        cached = pods.get(f"{namespace}/{name}")
+        out.append(PodRef.of(cached) if cached is not None else PodRef(name=name))
+    return tuple(out)
+
+
+def _sooner(a: float | None, b: float) -> float:
+    return b if a is None else min(a, b)
+
+
+# ---- the real ports -------------------------------------------------------------------------
+
+
+@dataclass
+class KubeNodes:
+    """:class:`NodePort` over the API server and a node informer (written through)."""
+
+    kube: Kube
+    informer: Informer
+
+    def get(self, name: str) -> JSON | None:
+        return self.informer.get(name)
+
+    async def patch(self, name: str, body: JSON) -> bool:
+        try:
+            updated = await self.kube.patch(path_of(plural="nodes", name=name), body)
+        except ApiError as exc:
+            if exc.conflict or exc.not_found:
+                return False
+            raise
+        self.informer.observe(updated)
+        return True
+
+
+@dataclass
+class KubeObjects:
+    """:class:`ObjectPort` over the API server; created pods are written through to the
+    pod informer (and ``on_pod``) so the next pass does not create them again."""
+
+    kube: Kube
+    namespace: str
+    pods: Informer | None = None
+    on_pod: Callable[[JSON | None, JSON | None], None] | None = None
+
+    async def create(self, body: JSON) -> bool:
+        plural = "pods" if body.get("kind") == "Pod" else "configmaps"
+        created: Any = await self.kube.create_if_absent(
+            path_of(plural=plural, namespace=self.namespace), body
+        )
+        if created is None:
+            return False
+        if plural == "pods":
+            if self.pods is not None:
+                self.pods.observe(created)
+            if self.on_pod is not None:
+                self.on_pod(None, created)
+        return True
+
+    async def delete_pod(self, pod: PodRef) -> bool:
+        preconditions = {"uid": pod.uid} if pod.uid else {}
+        if pod.resource_version:
+            preconditions["resourceVersion"] = pod.resource_version
+        path = path_of(plural="pods", namespace=self.namespace, name=pod.name)
+        try:
+            await self.kube.delete(
+                path, {"preconditions": preconditions} if preconditions else None
+            )
+        except ApiError as exc:
+            if exc.not_found:
+                return True
+            if exc.conflict:
+                return False  # another object of that name, or changed since: decide again
+            raise
+        return True
+
+
+@dataclass
+class BusEvents:
+    """:class:`EventPort` over the JetStream publisher."""
+
+    publisher: Publisher
+
+    async def publish(self, event: events.Event) -> bool:
+        try:
+            return await self.publisher.publish(event)
+        except (nats.errors.Error, TimeoutError, OSError) as exc:
+            raise Unpublished(repr(exc)) from exc

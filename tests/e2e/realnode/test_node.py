@@ -1,0 +1,275 @@
+"""The real node as a node: real pods drained (Eviction API, a PDB, a non-interruptible pod
+waited for) with kubelet really stopping them, interrupts judged as on any node, pods
+reaching the API server through the ``kubernetes`` Service, ``kubectl logs``, and the rig
+leaving nothing behind on the machine."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from nodewright import manifests
+from nodewright.rig import Rig
+from nodewright.rig.realnode import PAUSE_IMAGE, RealNode
+from shared import api, nodestate, progress
+from shared.kube import ApiError, Kube, path_of
+from shared.records.executor import ExecutorRecord
+from tests.e2e.conftest import NODES, Services, read_cr, wait_for_default_service_account
+from tests.e2e.realnode.conftest import kubectl
+from tests.e2e.realnode.test_packages import (
+    SYSCTL_A,
+    TARGET,
+    _cr,
+    _host,
+    _load,
+    _package,
+    _sysctl,
+    _wait_ready,
+)
+from tests.helpers.waiting import Pending, eventually
+
+pytestmark = pytest.mark.timeout(600)
+
+AGENT_IMAGE = "ghcr.io/nvidia/nodewright/agent:0.1.0"
+PROTECTED = {"workload": "long-running-training"}
+
+
+def _pod(
+    name: str, *, labels: dict[str, str], command: list[str], image: str = AGENT_IMAGE, **spec: Any
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "nodeSelector": TARGET,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 5,
+            "containers": [
+                {"name": "c", "image": image, "imagePullPolicy": "IfNotPresent", "command": command}
+            ],
+            **spec,
+        },
+    }
+
+
+async def _phase(kapi: Kube, ns: str, name: str) -> str:
+    try:
+        pod = await kapi.get(path_of(plural="pods", namespace=ns, name=name))
+    except ApiError as exc:
+        if exc.not_found:
+            return "Gone"
+        raise
+    return str((pod.get("status") or {}).get("phase") or "")
+
+
+async def _detail(kapi: Kube, cr: str, node: str) -> api.NodeDetail | None:
+    obj = await read_cr(kapi, cr)
+    return next((d for d in obj.status.node_details if d.node == node), None)
+
+
+async def test_a_real_drain_waits_for_protected_pods_respects_the_pdb_and_uncordons(
+    rig: Rig, cluster: Kube, services: Services, real_node: RealNode
+) -> None:
+    kapi, ns, node = cluster, services.namespace, real_node.name
+    pods_path = path_of(plural="pods", namespace=ns)
+    # A training pod that must not be interrupted: it runs until the test tells it (through
+    # `kubectl exec`, which goes API server -> kubelet -> containerd) that training is over.
+    training = "import os, time\nwhile not os.path.exists('/tmp/done'):\n    time.sleep(0.5)\n"
+    await kapi.create(
+        pods_path,
+        _pod("training", labels=PROTECTED, command=["python3", "-c", training]),
+    )
+    # A workload behind a PDB that allows no disruption.
+    await kapi.create(
+        path_of(group="apps", plural="deployments", namespace=ns),
+        {
+            "metadata": {"name": "guarded"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "guarded"}},
+                "template": {
+                    "metadata": {"labels": {"app": "guarded"}},
+                    "spec": {
+                        "nodeSelector": TARGET,
+                        "terminationGracePeriodSeconds": 5,
+                        "containers": [
+                            {"name": "c", "image": PAUSE_IMAGE, "imagePullPolicy": "IfNotPresent"}
+                        ],
+                    },
+                },
+            },
+        },
+    )
+    pdb_path = path_of(group="policy", plural="poddisruptionbudgets", namespace=ns, name="guarded")
+    await kapi.create(
+        path_of(group="policy", plural="poddisruptionbudgets", namespace=ns),
+        {
+            "metadata": {"name": "guarded"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}},
+        },
+    )
+
+    async def running() -> bool:
+        listed = await kapi.get(pods_path, labelSelector="app=guarded")
+        phases = [(p.get("status") or {}).get("phase") for p in listed["items"]]
+        pdb = await kapi.get(pdb_path)
+        return (
+            phases == ["Running"]
+            and await _phase(kapi, ns, "training") == "Running"
+            and (pdb.get("status") or {}).get("disruptionsAllowed") == 0
+        )
+
+    await eventually(running, timeout_s=120, what="the workloads to run on the real node")
+    guarded_uid = (await kapi.get(pods_path, labelSelector="app=guarded"))["items"][0]["metadata"][
+        "uid"
+    ]
+
+    await asyncio.to_thread(services.fleet.start_all)
+    await manifests.apply(
+        kapi,
+        _cr("drain", _sysctl("1.0.0", SYSCTL_A), podNonInterruptLabels={"matchLabels": PROTECTED}),
+    )
+
+    async def waiting_for_training() -> api.NodeDetail | Pending:
+        d = await _detail(kapi, "drain", node)
+        if d is not None and d.reason == "ProtectedPodRunning":
+            return d
+        return Pending(f"detail {d}")
+
+    detail = await eventually(
+        waiting_for_training, timeout_s=60, what="the node to wait for the training pod"
+    )
+    assert f"{ns}/training" in detail.message
+    assert (await kapi.get(f"{NODES}/{node}"))["spec"].get("unschedulable") is True
+
+    await asyncio.sleep(5)  # whatever the services do meanwhile, the training pod is left alone
+    assert await _phase(kapi, ns, "training") == "Running"
+    still = await _detail(kapi, "drain", node)
+    assert still is not None
+    assert still.reason == "ProtectedPodRunning"
+    finish = ["python3", "-c", "open('/tmp/done', 'w').close()"]
+    done = await kubectl(rig, "exec", "-n", ns, "training", "--", *finish)
+    assert done.returncode == 0, done.stderr
+
+    async def blocked_by_pdb() -> api.NodeDetail | Pending:
+        d = await _detail(kapi, "drain", node)
+        if d is not None and d.reason == "PodDisruptionBudgetBlocking":
+            return d
+        return Pending(f"detail {d}")
+
+    # The training pod ends; then the eviction meets the PDB.
+    detail = await eventually(blocked_by_pdb, timeout_s=90, what="the PDB to block the drain")
+    assert f"{ns}/guarded" in detail.message
+    assert await _phase(kapi, ns, "training") == "Succeeded", "waited for, never evicted"
+
+    await kapi.patch(pdb_path, {"spec": {"minAvailable": 0}})
+    await _wait_ready(kapi, "drain", "the rollout after the PDB was relaxed")
+    raw = await kapi.get(f"{NODES}/{node}")
+    assert not raw["spec"].get("unschedulable"), "uncordoned at the end"
+
+    async def replaced_and_running() -> bool:
+        listed = await kapi.get(pods_path, labelSelector="app=guarded")
+        return any(
+            p["metadata"]["uid"] != guarded_uid
+            and (p.get("status") or {}).get("phase") == "Running"
+            for p in listed["items"]
+        )
+
+    # Evicted for real (kubelet stopped it), replaced, and back on the node once uncordoned.
+    await eventually(replaced_and_running, timeout_s=120, what="the evicted workload to run again")
+
+
+async def test_interrupts_run_the_hosts_commands_and_a_reboot_counts_when_the_boot_id_changes(
+    rig: Rig, cluster: Kube, services: Services, real_node: RealNode, tmp_path: Any
+) -> None:
+    """No systemd and no real reboot here: the host root's ``systemctl`` and ``reboot`` are
+    stand-ins that record their calls, and a reboot is judged, as on every node, by the boot
+    ID kubelet reports; the rig changes it (``RealNode.simulate_reboot``)."""
+    kapi, node = cluster, real_node.name
+    stages = {
+        "apply": {
+            "steps": [{"name": "s", "path": "ok.sh"}],
+            "check": [{"name": "c", "path": "ok.sh"}],
+        }
+    }
+    for name in ("svc", "rb"):
+        pkg = _package(
+            tmp_path, name, "1.0.0", stages=stages, steps={"ok.sh": "#!/bin/sh\nexit 0\n"}
+        )
+        await _load(real_node, pkg, f"registry.example/{name}:1.0.0", tmp_path)
+    await asyncio.to_thread(services.fleet.start_all)
+    calls = _host(real_node, "/var/tmp/nodewright-test-calls")
+
+    svc = {
+        "svc": {
+            "version": "1.0.0",
+            "image": "registry.example/svc",
+            "interrupt": {"type": "service", "services": ["containerd"]},
+        }
+    }
+    await manifests.apply(kapi, _cr("svc", svc))
+    await _wait_ready(kapi, "svc", "the service-restart interrupt")
+    recorded = "".join(p.read_text() for p in calls.glob("*.log"))
+    assert "systemctl restart containerd" in recorded
+
+    boot_before = (await kapi.get(f"{NODES}/{node}"))["status"]["nodeInfo"]["bootID"]
+    rb = {
+        "rb": {"version": "1.0.0", "image": "registry.example/rb", "interrupt": {"type": "reboot"}}
+    }
+    await manifests.apply(kapi, _cr("rb", rb))
+
+    async def reboot_called() -> bool:
+        return any("reboot" in p.read_text() for p in calls.glob("*.log"))
+
+    await eventually(reboot_called, timeout_s=180, what="the agent to call reboot on the host")
+    await asyncio.sleep(0)  # the interrupt pod has exited 0, but nothing rebooted:
+    raw = await kapi.get(f"{NODES}/{node}")
+    cr = await read_cr(kapi, "rb")
+    assert progress.turn(cr, progress.facts(raw, "rb")) == "executor", (
+        "not done before the boot ID changes"
+    )
+    new_boot = await asyncio.to_thread(real_node.simulate_reboot, rig._spawn)
+    assert new_boot != boot_before
+    await _wait_ready(kapi, "rb", "the rollout after the boot ID changed")
+    rec = nodestate.read(
+        await kapi.get(f"{NODES}/{node}"), nodestate.EXECUTOR, "rb", ExecutorRecord
+    )
+    assert rec is not None
+    assert rec.boot_id == new_boot
+
+
+async def test_pods_reach_the_api_server_through_the_kubernetes_service_and_logs_work(
+    rig: Rig, cluster: Kube, namespace: str, real_node: RealNode
+) -> None:
+    kapi = cluster
+    await wait_for_default_service_account(kapi, namespace)
+    script = "\n".join(
+        [
+            "import json, os, ssl, urllib.request",
+            "env = os.environ",
+            "url = f\"https://{env['KUBERNETES_SERVICE_HOST']}:{env['KUBERNETES_SERVICE_PORT']}\"",
+            "ca = '/var/run/secrets/kubernetes.io/serviceaccount/ca.crt'",
+            "ctx = ssl.create_default_context(cafile=ca)",
+            "answer = urllib.request.urlopen(url + '/version', context=ctx, timeout=10)",
+            "version = json.load(answer)",
+            "print('via', url, 'server', version['gitVersion'])",
+        ]
+    )
+    await kapi.create(
+        path_of(plural="pods", namespace=namespace),
+        _pod("probe", labels={}, command=["python3", "-c", script]),
+    )
+
+    async def finished() -> str | Pending:
+        phase = await _phase(kapi, namespace, "probe")
+        return phase if phase in ("Succeeded", "Failed") else Pending(phase)
+
+    phase = await eventually(finished, timeout_s=120, what="the probe pod to finish")
+    logs = await kubectl(rig, "logs", "-n", namespace, "probe")
+    assert logs.returncode == 0, logs.stderr
+    assert phase == "Succeeded", logs.stdout
+    assert rig.real is not None
+    assert rig.real.network is not None
+    service = rig.real.network.kubernetes_service_ip
+    assert f"via https://{service}:443 server v1.36" in logs.stdout

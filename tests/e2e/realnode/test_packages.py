@@ -1,0 +1,378 @@
+"""Packages run for real: on the rig's real node (containerd 2.x + kubelet), the agent in a
+real container, the package image mounted as an image volume (or copied in by init
+containers), changing the node's throwaway host root.
+
+The example package is the one `make images` builds with buildah from
+examples/packages/sysctl-tuning/Containerfile, exactly as docs/packages.md tells a user to;
+other packages are built in the test as OCI archives (``nodewright.package_image``) and loaded
+into the node's containerd, as a registry pull would. The services run as processes against
+the rig, as in every e2e test; only the pods are real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodewright import manifests, package_image
+from nodewright.rig import Rig
+from nodewright.rig.realnode import RealNode
+from shared import api, nodestate, pods
+from shared.events import Reason
+from shared.kube import Kube, path_of
+from shared.records.executor import ExecutorRecord
+from tests.e2e.conftest import NODES, Services, read_cr
+from tests.helpers.cli import cli
+from tests.helpers.podlog import pod_log
+from tests.helpers.waiting import Pending, eventually
+
+pytestmark = pytest.mark.timeout(600)
+
+EXAMPLE_DIR = Path(__file__).resolve().parents[3] / "examples" / "packages" / "sysctl-tuning"
+EXAMPLE_IMAGE = "ghcr.io/nvidia/nodewright-packages/sysctl-tuning"
+TARGET = {"nodepool": "real"}
+SYSCTL_A = "vm.swappiness = 10\nnet.core.somaxconn = 4096\n"
+SYSCTL_B = "vm.swappiness = 20\nnet.core.somaxconn = 4096\n"
+DEST = "etc/sysctl.d/90-nodewright-sysctl-tuning.conf"
+
+
+def _cr(name: str, packages: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": "NodeWright",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelectors": {"matchLabels": TARGET},
+            "interruptionBudget": {"count": 1},
+            "packages": packages,
+            **spec,
+        },
+    }
+
+
+def _sysctl(version: str, config: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "sysctl-tuning": {
+            "version": version,
+            "image": EXAMPLE_IMAGE,
+            "configMap": {"sysctl.conf": config},
+            **extra,
+        }
+    }
+
+
+async def _wait_ready(kapi: Kube, name: str, what: str, timeout_s: float = 240) -> api.NodeWright:
+    async def ready() -> api.NodeWright | Pending:
+        cr = await read_cr(kapi, name)
+        cond = next((c for c in cr.status.conditions if c.type == "Ready"), None)
+        if (
+            cond is not None
+            and cond.status == "True"
+            and cr.status.observed_generation == cr.metadata.generation
+        ):
+            return cr
+        said = f"{cond.status}: {cond.message}" if cond else "no condition"
+        return Pending(f"Ready={said}; details {cr.status.node_details}")
+
+    return await eventually(ready, timeout_s=timeout_s, interval_s=0.5, what=what)
+
+
+async def _executor(kapi: Kube, node: str, cr: str) -> ExecutorRecord:
+    raw = await kapi.get(f"{NODES}/{node}")
+    return nodestate.read(raw, nodestate.EXECUTOR, cr, ExecutorRecord) or (ExecutorRecord())
+
+
+def _machine_swappiness() -> str:
+    """This machine's own value, which no test may change."""
+    return Path("/proc/sys/vm/swappiness").read_text().strip()
+
+
+def _host(node: RealNode, path: str) -> Path:
+    return node.host_root / path.lstrip("/")
+
+
+def _live(node: RealNode, key: str) -> str:
+    return _host(node, f"/proc/sys/{key.replace('.', '/')}").read_text().strip()
+
+
+def _logs(node: RealNode, cr: str, package: str, version: str, mode: str) -> str:
+    """Everything the agent logged for ``mode`` on the host (its step log files)."""
+    root = _host(node, f"/var/log/nodewright/{cr}/{package}/{version}/{mode}")
+    return "".join(p.read_text() for p in sorted(root.rglob("*.log"))) if root.is_dir() else ""
+
+
+def _package(
+    tmp: Path, name: str, version: str, *, stages: dict[str, Any], steps: dict[str, str]
+) -> Path:
+    d = tmp / f"{name}-{version}"
+    (d / "steps").mkdir(parents=True)
+    (d / "config.json").write_text(
+        json.dumps({"schema_version": "v1", "name": name, "version": version, "stages": stages})
+    )
+    for file, body in steps.items():
+        (d / "steps" / file).write_text(body)
+        (d / "steps" / file).chmod(0o755)
+    return d
+
+
+async def _load(node: RealNode, package_dir: Path, ref: str, tmp: Path) -> None:
+    archive = tmp / (ref.replace("/", "_").replace(":", "_") + ".tar")
+    package_image.build_archive(package_dir, ref=ref, out=archive)
+    assert package_image.validate(str(archive)) == []
+    await asyncio.to_thread(node.import_archive, archive)
+
+
+async def test_the_example_package_installs_reconfigures_and_upgrades_for_real(
+    rig: Rig, cluster: Kube, services: Services, real_node: RealNode, tmp_path: Path
+) -> None:
+    kapi, ns, node = cluster, services.namespace, real_node.name
+    await asyncio.to_thread(services.fleet.start_all)
+    before = {"swappiness": _machine_swappiness()}
+    async with pod_log(kapi, ns) as log:
+        await manifests.apply(kapi, _cr("tune", _sysctl("1.0.0", SYSCTL_A)))
+        await _wait_ready(kapi, "tune", "the example installed on the real node")
+        # The package changed the host root, not this machine.
+        assert _host(real_node, DEST).read_text().splitlines()[1:] == [
+            "vm.swappiness = 10",
+            "net.core.somaxconn = 4096",
+        ]
+        assert _live(real_node, "vm.swappiness") == "10"
+        assert _machine_swappiness() == before["swappiness"]
+        # Its steps and its checks really ran, in real containers on the node.
+        assert "setting vm.swappiness = 10" in _logs(
+            real_node, "tune", "sysctl-tuning", "1.0.0", "apply"
+        )
+        assert "ok: vm.swappiness = 10" in _logs(
+            real_node, "tune", "sysctl-tuning", "1.0.0", "apply-check"
+        )
+        rec = (await _executor(kapi, node, "tune")).packages["sysctl-tuning"]
+        assert (rec.version, rec.installed) == ("1.0.0", "1.0.0")
+        stages_1 = [(e.role, e.stage) for e in log.created(node=node)]
+        assert stages_1[:2] == [("stage", "apply"), ("check", "apply")], stages_1
+
+        # A config change runs only the config stage (and its check) again.
+        mark = len(log.events)
+        await kapi.patch(
+            f"{manifests.NODEWRIGHTS}/tune", {"spec": {"packages": _sysctl("1.0.0", SYSCTL_B)}}
+        )
+        await _wait_ready(kapi, "tune", "the config change applied")
+        assert sorted({(e.role, e.stage) for e in log.created(mark, node=node)}) == [
+            ("check", "config"),
+            ("stage", "config"),
+        ]
+        assert _live(real_node, "vm.swappiness") == "20"
+
+        # A version bump upgrades: the package has no upgrade stage, so the agent runs the
+        # new version's apply steps.
+        bumped = tmp_path / "sysctl-tuning"
+        shutil.copytree(EXAMPLE_DIR, bumped)
+        config = json.loads((bumped / "config.json").read_text())
+        (bumped / "config.json").write_text(json.dumps({**config, "version": "1.0.1"}))
+        await _load(real_node, bumped, f"{EXAMPLE_IMAGE}:1.0.1", tmp_path)
+        mark = len(log.events)
+        await kapi.patch(
+            f"{manifests.NODEWRIGHTS}/tune", {"spec": {"packages": _sysctl("1.0.1", SYSCTL_B)}}
+        )
+        await _wait_ready(kapi, "tune", "the upgrade to 1.0.1")
+        assert ("stage", "upgrade") in [(e.role, e.stage) for e in log.created(mark, node=node)]
+        rec = (await _executor(kapi, node, "tune")).packages["sysctl-tuning"]
+        assert (rec.version, rec.installed) == ("1.0.1", "1.0.1")
+        assert (
+            "Managed by NodeWright package sysctl-tuning 1.0.1"
+            in _host(real_node, DEST).read_text()
+        )
+    raw = await kapi.get(f"{NODES}/{node}")
+    assert not raw["spec"].get("unschedulable"), "uncordoned at the end"
+
+
+async def test_an_explicit_uninstall_removes_the_files_and_restores_the_values(
+    rig: Rig, cluster: Kube, services: Services, real_node: RealNode
+) -> None:
+    kapi = cluster
+    await asyncio.to_thread(services.fleet.start_all)
+    original = _live(real_node, "vm.swappiness")
+    packages = _sysctl("1.0.0", SYSCTL_A, uninstall={"enabled": True})
+    await manifests.apply(kapi, _cr("tune-u", packages))
+    await _wait_ready(kapi, "tune-u", "the example installed")
+    assert _host(real_node, DEST).exists()
+    requested = _sysctl("1.0.0", SYSCTL_A, uninstall={"enabled": True, "requested": True})
+    await kapi.patch(f"{manifests.NODEWRIGHTS}/tune-u", {"spec": {"packages": requested}})
+    await _wait_ready(kapi, "tune-u", "the uninstall")
+    assert not _host(real_node, DEST).exists()
+    assert _live(real_node, "vm.swappiness") == original
+    assert "verify-removed" in "".join(
+        p.name for p in _host(real_node, "/var/log/nodewright/tune-u").rglob("*") if p.is_dir()
+    )
+    # Nothing of it is tracked on the node any more.
+    assert "sysctl-tuning" not in (await _executor(kapi, real_node.name, "tune-u")).packages
+
+
+async def _failure(kapi: Kube, cr: str, node: str, package: str) -> Reason:
+    """The reason the executor recorded for ``package`` failing on ``node`` (what the CR's
+    node details, Events and ``nodewright node status`` show)."""
+
+    async def failed() -> Reason | Pending:
+        rec = (await _executor(kapi, node, cr)).packages.get(package)
+        if rec is not None and rec.state == "failed" and rec.reason is not None:
+            return rec.reason
+        obj = await read_cr(kapi, cr)
+        return Pending(f"record {rec}; node details {obj.status.node_details}")
+
+    return await eventually(failed, timeout_s=180, what=f"{package} to fail on {node} in {cr}")
+
+
+async def test_a_failing_step_reports_its_real_exit_code_and_output(
+    rig: Rig, cluster: Kube, services: Services, real_node: RealNode, tmp_path: Path
+) -> None:
+    kapi, node = cluster, real_node.name
+    stages = {
+        "apply": {
+            "steps": [{"name": "boom", "path": "boom.sh"}],
+            "check": [{"name": "c", "path": "ok.sh"}],
+        }
+    }
+    boom = "#!/bin/sh\necho 'writing the settings'\necho 'disk full' >&2\nexit 7\n"
+    steps = {"boom.sh": boom, "ok.sh": "#!/bin/sh\nexit 0\n"}
+    pkg = _package(tmp_path, "boom", "1.0.0", stages=stages, steps=steps)
+    await _load(real_node, pkg, "registry.example/boom:1.0.0", tmp_path)
+    await asyncio.to_thread(services.fleet.start_all)
+    await manifests.apply(
+        kapi, _cr("boom", {"boom": {"version": "1.0.0", "image": "registry.example/boom"}})
+    )
+    reason = await _failure(kapi, "boom", node, "boom")
+    assert reason.code == "StageFailed"
+    assert reason.details["exitCode"] == "1"  # the agent's exit code for a failed step
+    assert reason.details["failedStep"] == "boom"
+    print(reason.message)
+    assert "(boom.sh) exited with 7" in reason.message  # the step's own, real exit code
+    assert "disk full" in reason.message  # its output's tail
+
+    # The status service reports it on its next pass (events nudge it; nothing waits for it).
+    async def failed_in_status() -> api.NodeDetail | Pending:
+        cr = await read_cr(kapi, "boom")
+        detail = next((d for d in cr.status.node_details if d.node == node), None)
+        if detail is not None and (detail.state, detail.reason) == ("Failed", "StageFailed"):
+            return detail
+        return Pending(f"{detail}")
+
+    detail = await eventually(failed_in_status, what="the status to show the failed node")
+    assert "exited with 7" in detail.message
+    # The pod is kept after its failure; its real log is readable through the API server.
+    done = await cli(
+        rig,
+        "package",
+        "logs",
+        "boom",
+        "--node",
+        node,
+        "--nodewright",
+        "boom",
+        "-n",
+        services.namespace,
+    )
+    assert done.code == 0, done.err
+    assert "writing the settings" in done.out
+    assert "disk full" in done.out
+
+
+async def test_a_missing_step_file_is_named_before_anything_runs(
+    rig: Rig, cluster: Kube, services: Services, real_node: RealNode, tmp_path: Path
+) -> None:
+    kapi, node = cluster, real_node.name
+    stages = {
+        "apply": {
+            "steps": [{"name": "typo", "path": "confgi.sh"}],
+            "check": [{"name": "c", "path": "ok.sh"}],
+        }
+    }
+    pkg = _package(tmp_path, "typo", "1.0.0", stages=stages, steps={"ok.sh": "#!/bin/sh\nexit 0\n"})
+    # What `nodewright package validate` would have said before publishing.
+    (problem,) = package_image.validate(str(pkg))
+    assert "confgi.sh: file not found" in problem
+    archive = tmp_path / "typo.tar"
+    package_image.build_archive(pkg, ref="registry.example/typo:1.0.0", out=archive)
+    await asyncio.to_thread(real_node.import_archive, archive)
+    await asyncio.to_thread(services.fleet.start_all)
+    await manifests.apply(
+        kapi, _cr("typo", {"typo": {"version": "1.0.0", "image": "registry.example/typo"}})
+    )
+    reason = await _failure(kapi, "typo", node, "typo")
+    assert reason.details["exitCode"] == "3"  # an invalid package: nothing ran
+    assert "/nodewright-package/steps/confgi.sh: file not found" in reason.message
+    assert "{" not in reason.message, "the agent's result is read, not quoted"
+
+
+async def test_copy_staging_runs_the_package_without_image_volumes(
+    rig: Rig, cluster: Kube, services: Services, real_node: RealNode
+) -> None:
+    """``packageStaging: copy``: two init containers copy the package image's files into the
+    pod (with the agent image's static busybox; the package image has no shell)."""
+    kapi, ns = cluster, services.namespace
+    services.fleet.extra_env["NODEWRIGHT_PODS_PACKAGE_STAGING"] = "copy"
+    await asyncio.to_thread(services.fleet.start_all)
+    seen: list[dict[str, Any]] = []
+
+    async def stage_pod() -> bool:
+        listed = await kapi.get(
+            path_of(plural="pods", namespace=ns), labelSelector=pods.selector("stage")
+        )
+        seen.extend(listed["items"])
+        return bool(listed["items"])
+
+    await manifests.apply(kapi, _cr("copy", _sysctl("1.0.0", SYSCTL_A)))
+    await eventually(stage_pod, what="a stage pod")
+    spec = seen[0]["spec"]
+    assert [c["name"] for c in spec["initContainers"]] == ["stage-tools", "stage-package"]
+    assert not any("image" in v for v in spec["volumes"])
+    await _wait_ready(kapi, "copy", "the example installed by copy staging")
+    assert _live(real_node, "vm.swappiness") == "10"
+    assert "ok: vm.swappiness = 10" in _logs(
+        real_node, "copy", "sysctl-tuning", "1.0.0", "apply-check"
+    )
+
+
+async def test_a_runtime_without_image_volumes_names_the_setting_and_copy_staging_recovers(
+    rig: Rig, cluster: Kube, services: Services, legacy_node: RealNode
+) -> None:
+    """real-2 runs Debian's containerd 1.6, which cannot mount images as volumes: the node
+    fails at once saying so and naming ``packageStaging: copy``; setting it (as ``helm
+    upgrade --set packageStaging=copy`` would: executor and validator restarted with it)
+    and retrying the node, as docs/packages.md says, installs the package."""
+    kapi, node = cluster, legacy_node.name
+    await asyncio.to_thread(services.fleet.start_all)
+    cr = _cr("legacy", _sysctl("1.0.0", SYSCTL_A))
+    cr["spec"]["nodeSelectors"] = {"matchLabels": {"nodepool": "legacy"}}
+    await manifests.apply(kapi, cr)
+    reason = await _failure(kapi, "legacy", node, "sysctl-tuning")
+    assert reason.code == "ImageVolumeUnsupported"
+    assert "set packageStaging: copy" in reason.message
+    assert reason.details["setting"] == "packageStaging: copy"
+
+    async def unsupported_in_status() -> api.NodeDetail | Pending:
+        cr = await read_cr(kapi, "legacy")
+        found = next((d for d in cr.status.node_details if d.node == node), None)
+        if found is not None and found.reason == "ImageVolumeUnsupported":
+            return found
+        return Pending(f"{found}")
+
+    # The status service reports it on its next pass.
+    detail = await eventually(unsupported_in_status, what="the status to show the reason")
+    assert detail.reason == "ImageVolumeUnsupported"
+
+    fleet = services.fleet
+    fleet.extra_env["NODEWRIGHT_PODS_PACKAGE_STAGING"] = "copy"
+    for service in ("executor", "validator"):
+        await asyncio.to_thread(fleet.kill, service)
+        await asyncio.to_thread(fleet.start, service)
+    done = await cli(rig, "node", "retry", node, "--nodewright", "legacy")
+    assert done.code == 0, done.err
+    await _wait_ready(kapi, "legacy", "the package on containerd 1.6 with copy staging")
+    assert _live(legacy_node, "vm.swappiness") == "10"
+    assert "ok: vm.swappiness = 10" in _logs(
+        legacy_node, "legacy", "sysctl-tuning", "1.0.0", "apply-check"
+    )

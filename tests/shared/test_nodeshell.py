@@ -1,0 +1,396 @@
+"""The one per-node shell (``shared.nodeshell.apply``) against in-memory fakes of its ports:
+what it writes, in which order, and what it does when the node changed under it."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from services.drainer import core as drainer_core
+from shared import events, nodeshell, nodestate, outbox
+from shared.decisions import Keep, NodeDecision, PodRef, Remove, Write
+from shared.records.drainer import DrainRecord
+from shared.records.executor import ExecutorRecord
+from shared.records.validator import ValidatorRecord
+from tests.fakes import FakeBus, FakeNodes, FakeObjects
+from tests.helpers.facts import T0, node
+
+CR = "gpu-node-tuning"
+
+
+def _pod(name: str) -> dict[str, object]:
+    return {"kind": "Pod", "metadata": {"name": name, "labels": {}}}
+
+
+def _event(n: int) -> events.Event:
+    return events.NodeValidated(id=f"e{n}", at=T0, cr=CR, generation=1, node="n1")
+
+
+async def _apply(
+    decision: NodeDecision,
+    nodes: FakeNodes,
+    *,
+    prepare: Callable[[], Awaitable[bool]] | None = None,
+) -> tuple[float | None, FakeObjects, FakeBus]:
+    objects, bus = FakeObjects(), FakeBus()
+    got = await nodeshell.apply(decision, nodes=nodes, objects=objects, bus=bus, prepare=prepare)
+    return got, objects, bus
+
+
+def _nodes() -> FakeNodes:
+    fake = FakeNodes()
+    fake.add(node("n1"))
+    return fake
+
+
+async def test_the_record_and_spec_go_in_one_patch_on_the_version_decided_on() -> None:
+    nodes = _nodes()
+    version = nodes.nodes["n1"]["metadata"]["resourceVersion"]
+    rec = DrainRecord(phase="cordoned", cordoned=True, started=T0, since=T0)
+    decision = NodeDecision(
+        owner=nodestate.DRAINER,
+        cr=CR,
+        node="n1",
+        record=Write(rec),
+        spec={"unschedulable": True},
+        events=(_event(1),),
+        requeue_after=3.0,
+    )
+    got, _, bus = await _apply(decision, nodes)
+    assert got == 3.0
+    (name, body), (_, cleared) = nodes.patches
+    assert name == "n1"
+    assert body["metadata"]["resourceVersion"] == version
+    assert body["spec"] == {"unschedulable": True}
+    stored = nodestate.read(nodes.nodes["n1"], nodestate.DRAINER, CR, DrainRecord)
+    assert stored == rec
+    assert [e.id for e in bus.published] == ["e1"]
+    # The event went into the outbox with the record, and was cleared once published.
+    assert [e.id for e in outbox.pending(node_with(body), nodestate.DRAINER, CR)] == ["e1"]
+    assert cleared["metadata"]["annotations"] == {outbox.key(nodestate.DRAINER, CR): None}
+    assert outbox.pending(nodes.nodes["n1"], nodestate.DRAINER, CR) == ()
+
+
+def node_with(patch: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"annotations": patch["metadata"]["annotations"]}}
+
+
+class Down(FakeBus):
+    """NATS away: nothing is taken."""
+
+    async def publish(self, event: events.Event) -> bool:
+        raise nodeshell.Unpublished("no responders")
+
+
+async def test_events_of_a_writer_that_died_before_publishing_are_published_by_the_next() -> None:
+    """The lost events of the killed runs (node.completed for 196 of 200 nodes): the
+    transition and its events are one write; whoever looks at the key next publishes what
+    the outbox holds, exactly once, and clears it."""
+    nodes = _nodes()
+    rec = DrainRecord(phase="cordoned", cordoned=True, started=T0, since=T0)
+    decision = NodeDecision(
+        owner=nodestate.DRAINER,
+        cr=CR,
+        node="n1",
+        record=Write(rec),
+        events=(_event(1), _event(2)),
+    )
+    # NATS is away when the writer publishes (or it dies right after its write).
+    got = await nodeshell.apply(decision, nodes=nodes, objects=FakeObjects(), bus=Down())
+    assert got == nodeshell.UNPUBLISHED_RETRY_S
+    assert nodestate.read(nodes.nodes["n1"], nodestate.DRAINER, CR, DrainRecord) == rec
+    assert [e.id for e in outbox.pending(nodes.nodes["n1"], nodestate.DRAINER, CR)] == [
+        "e1",
+        "e2",
+    ]
+    # Another pass (any replica) with more to say: the old events stay first, once each.
+    more = NodeDecision(owner=nodestate.DRAINER, cr=CR, node="n1", events=(_event(2), _event(3)))
+    bus = FakeBus()
+    await nodeshell.apply(more, nodes=nodes, objects=FakeObjects(), bus=bus)
+    assert [e.id for e in bus.published] == ["e1", "e2", "e3"]
+    assert outbox.pending(nodes.nodes["n1"], nodestate.DRAINER, CR) == ()
+    # A later flush has nothing to do.
+    flushed = await nodeshell.flush(owner=nodestate.DRAINER, cr=CR, node="n1", nodes=nodes, bus=bus)
+    assert flushed is None
+    assert [e.id for e in bus.published] == ["e1", "e2", "e3"]
+
+
+async def test_a_flush_never_clears_what_another_writer_added_after_it_read() -> None:
+    nodes = _nodes()
+    first = NodeDecision(owner=nodestate.VALIDATOR, cr=CR, node="n1", events=(_event(1),))
+    await nodeshell.apply(first, nodes=nodes, objects=FakeObjects(), bus=Down())
+
+    class Racing(FakeBus):
+        async def publish(self, event: events.Event) -> bool:
+            # Meanwhile another replica writes a transition with its own event.
+            nodes.nodes["n1"]["metadata"]["annotations"][outbox.key(nodestate.VALIDATOR, CR)] = (
+                outbox.value([_event(1), _event(2)])
+            )
+            nodes.touch("n1")
+            return await super().publish(event)
+
+    racing = Racing()
+    got = await nodeshell.flush(
+        owner=nodestate.VALIDATOR, cr=CR, node="n1", nodes=nodes, bus=racing
+    )
+    assert got == nodeshell.STALE_RETRY_S
+    assert [e.id for e in outbox.pending(nodes.nodes["n1"], nodestate.VALIDATOR, CR)] == [
+        "e1",
+        "e2",
+    ], "the other writer's event is still to be published"
+    bus = FakeBus(published=list(racing.published))
+    await nodeshell.flush(owner=nodestate.VALIDATOR, cr=CR, node="n1", nodes=nodes, bus=bus)
+    assert [e.id for e in bus.published] == ["e1", "e2"]
+    assert outbox.pending(nodes.nodes["n1"], nodestate.VALIDATOR, CR) == ()
+
+
+async def test_a_node_that_changed_meanwhile_gets_nothing_created_or_published() -> None:
+    nodes = _nodes()
+    decision = NodeDecision(
+        owner=nodestate.VALIDATOR,
+        cr=CR,
+        node="n1",
+        record=Write(ValidatorRecord(validated="t")),
+        fence=True,
+        create=(_pod("check"),),
+        events=(_event(1),),
+    )
+
+    class Stale(FakeNodes):
+        def get(self, name: str) -> dict[str, object] | None:
+            seen = super().get(name)
+            self.touch(name)  # someone else writes between the read and the patch
+            return seen
+
+    stale = Stale(nodes=nodes.nodes, revision=nodes.revision)
+    got, objects, bus = await _apply(decision, stale)
+    assert got == nodeshell.STALE_RETRY_S
+    assert stale.patches == []
+    assert len(stale.refused) == 1
+    assert (objects.created, bus.published) == ([], [])
+
+
+async def test_a_decision_on_a_node_that_changed_while_prepare_ran_writes_and_creates_nothing() -> (
+    None
+):
+    """Two executor replicas each started the same stage under a name of its own: one
+    decided on the node without the other's record, created the metadata ConfigMap
+    (``prepare``), and by then its cache held the other's write, whose version its patch
+    carried. The precondition is the version decided on."""
+    nodes = _nodes()
+    decided_on = str(nodes.nodes["n1"]["metadata"]["resourceVersion"])
+    decision = NodeDecision(
+        owner=nodestate.EXECUTOR,
+        cr=CR,
+        node="n1",
+        record=Write(ExecutorRecord(boot_id="b1")),
+        fence=True,
+        create=(_pod("apply"),),
+        events=(_event(1),),
+        observed_version=decided_on,
+    )
+
+    async def other_replica_writes_meanwhile() -> bool:
+        nodes.touch("n1")
+        return True
+
+    got, objects, bus = await _apply(decision, nodes, prepare=other_replica_writes_meanwhile)
+    assert got == nodeshell.STALE_RETRY_S
+    assert nodes.patches == [], "no write carrying the newer version"
+    assert (objects.created, bus.published) == ([], [])
+    # On the node as it is now, the same decision goes through.
+    now = str(nodes.nodes["n1"]["metadata"]["resourceVersion"])
+    got, objects, _ = await _apply(replace(decision, observed_version=now), nodes)
+    assert objects.created == ["Pod/apply"]
+
+
+async def test_pods_are_created_only_after_a_write_even_when_the_record_does_not_change() -> None:
+    nodes = _nodes()
+    decision = NodeDecision(
+        owner=nodestate.EXECUTOR, cr=CR, node="n1", fence=True, create=(_pod("apply"),)
+    )
+    _, objects, _ = await _apply(decision, nodes)
+    ((_, body),) = nodes.patches
+    assert body == {"metadata": {"resourceVersion": "101"}}, "the precondition alone"
+    assert objects.created == ["Pod/apply"]
+
+
+async def test_nothing_to_change_writes_nothing() -> None:
+    nodes = _nodes()
+    decision = NodeDecision(owner=nodestate.EXECUTOR, cr=CR, node="n1", requeue_after=4.0)
+    got, objects, bus = await _apply(decision, nodes)
+    assert got == 4.0
+    assert nodes.patches == []
+    assert (objects.created, objects.deleted, bus.published) == ([], [], [])
+
+
+def _old_pod(name: str, uid: str = "u1", rv: str = "7") -> tuple[dict[str, Any], PodRef]:
+    body = {"kind": "Pod", "metadata": {"name": name, "uid": uid, "resourceVersion": rv}}
+    return body, PodRef(name=name, uid=uid, resource_version=rv, created=T0)
+
+
+async def test_a_delete_is_fenced_like_a_create_so_a_stale_record_deletes_nothing() -> None:
+    """The duplicate stage pod of the Helm upgrade: a fresh replica whose node cache was
+    behind its pod cache deleted a running stage pod (its stale record did not keep it),
+    and the up-to-date replica created it a second time. A delete now follows a write
+    preconditioned on the node version the decision read."""
+    nodes = _nodes()
+    body, ref = _old_pod("config")
+    decision = NodeDecision(owner=nodestate.EXECUTOR, cr=CR, node="n1", fence=True, delete=(ref,))
+
+    class Stale(FakeNodes):
+        def get(self, name: str) -> dict[str, object] | None:
+            seen = super().get(name)
+            self.touch(name)  # the record moved on after this replica's cache
+            return seen
+
+    stale = Stale(nodes=nodes.nodes, revision=nodes.revision)
+    objects = FakeObjects(objects={("Pod", "config"): body})
+    got = await nodeshell.apply(
+        decision, nodes=stale, objects=objects, bus=FakeBus(), now=lambda: T0 + timedelta(hours=1)
+    )
+    assert got == nodeshell.STALE_RETRY_S
+    assert objects.deleted == []
+    assert ("Pod", "config") in objects.objects
+    # On a current node the same decision deletes it, after the precondition write.
+    current = nodes.nodes["n1"]["metadata"]["resourceVersion"]
+    got = await nodeshell.apply(
+        decision, nodes=nodes, objects=objects, bus=FakeBus(), now=lambda: T0 + timedelta(hours=1)
+    )
+    assert got is None
+    ((_, patch),) = nodes.patches
+    assert patch == {"metadata": {"resourceVersion": current}}
+    assert objects.deleted == ["config"]
+
+
+async def test_a_delete_names_the_object_decided_on_not_its_namesake() -> None:
+    nodes = _nodes()
+    body, _ = _old_pod("check", uid="u2")
+    _, seen = _old_pod("check", uid="u1")
+    objects = FakeObjects(objects={("Pod", "check"): body})
+    decision = NodeDecision(owner=nodestate.VALIDATOR, cr=CR, node="n1", fence=True, delete=(seen,))
+    got = await nodeshell.apply(
+        decision, nodes=nodes, objects=objects, bus=FakeBus(), now=lambda: T0 + timedelta(hours=1)
+    )
+    assert got == nodeshell.STALE_RETRY_S, "decided again on what is there now"
+    assert (objects.deleted, objects.conflicts) == ([], ["check"])
+    changed = {"kind": "Pod", "metadata": {"name": "check", "uid": "u1", "resourceVersion": "8"}}
+    objects.objects[("Pod", "check")] = changed
+    await nodeshell.apply(
+        decision, nodes=nodes, objects=objects, bus=FakeBus(), now=lambda: T0 + timedelta(hours=1)
+    )
+    assert objects.deleted == [], "a pod that changed since the decision stays"
+
+
+async def test_a_young_pod_is_not_deleted_until_no_replica_can_be_about_to_create_it() -> None:
+    nodes = _nodes()
+    body, ref = _old_pod("apply")
+    objects = FakeObjects(objects={("Pod", "apply"): body})
+    decision = NodeDecision(owner=nodestate.EXECUTOR, cr=CR, node="n1", fence=True, delete=(ref,))
+    young = T0 + timedelta(seconds=nodeshell.MIN_POD_AGE_S - 5)
+    got = await nodeshell.apply(
+        decision, nodes=nodes, objects=objects, bus=FakeBus(), now=lambda: young
+    )
+    assert got == pytest.approx(5.0), "looked at again once it is old enough"
+    assert objects.deleted == []
+    old = T0 + timedelta(seconds=nodeshell.MIN_POD_AGE_S)
+    await nodeshell.apply(decision, nodes=nodes, objects=objects, bus=FakeBus(), now=lambda: old)
+    assert objects.deleted == ["apply"]
+
+
+async def test_a_create_too_long_after_its_write_is_decided_again() -> None:
+    """A slow API server between the precondition write and the create: past
+    CREATE_WITHIN_S the write no longer proves the decision current."""
+    nodes = _nodes()
+    ticks = iter([0.0, 1.0, 1.0 + nodeshell.CREATE_WITHIN_S + 0.1])
+    decision = NodeDecision(
+        owner=nodestate.EXECUTOR,
+        cr=CR,
+        node="n1",
+        fence=True,
+        config_maps=({"kind": "ConfigMap", "metadata": {"name": "cm"}},),
+        create=(_pod("apply"),),
+        events=(_event(1),),
+    )
+    objects, bus = FakeObjects(), FakeBus()
+    got = await nodeshell.apply(
+        decision, nodes=nodes, objects=objects, bus=bus, clock=lambda: next(ticks)
+    )
+    assert got == nodeshell.STALE_RETRY_S
+    assert objects.created == []
+
+
+async def test_removing_a_record_deletes_its_annotation_and_only_it() -> None:
+    nodes = FakeNodes()
+    nodes.add(
+        node(
+            "n1",
+            records={
+                nodestate.VALIDATOR: ValidatorRecord(validated="t"),
+                nodestate.EXECUTOR: ExecutorRecord(honoured=1),
+            },
+        )
+    )
+    decision = NodeDecision(owner=nodestate.VALIDATOR, cr=CR, node="n1", record=Remove())
+    await _apply(decision, nodes)
+    annotations = nodes.nodes["n1"]["metadata"]["annotations"]
+    assert nodestate.key(nodestate.VALIDATOR, CR) not in annotations
+    assert nodestate.key(nodestate.EXECUTOR, CR) in annotations
+
+
+async def test_a_prepare_step_that_fails_stops_before_any_write() -> None:
+    nodes = _nodes()
+    decision = NodeDecision(
+        owner=nodestate.EXECUTOR,
+        cr=CR,
+        node="n1",
+        fence=True,
+        config_maps=({"kind": "ConfigMap", "metadata": {"name": "cm"}},),
+        create=(_pod("apply"),),
+    )
+
+    async def refused() -> bool:
+        return False
+
+    got, objects, _ = await _apply(decision, nodes, prepare=refused)
+    assert got == nodeshell.STALE_RETRY_S
+    assert objects.created == []
+    assert nodes.patches == [], "the create window starts at the write, after prepare"
+
+
+async def test_an_existing_pod_is_success_and_config_maps_come_first() -> None:
+    nodes = _nodes()
+    decision = NodeDecision(
+        owner=nodestate.EXECUTOR,
+        cr=CR,
+        node="n1",
+        fence=True,
+        config_maps=({"kind": "ConfigMap", "metadata": {"name": "cm"}},),
+        create=(_pod("apply"),),
+        events=(_event(1),),
+    )
+    objects = FakeObjects(objects={("Pod", "apply"): _pod("apply")})
+    bus = FakeBus()
+    await nodeshell.apply(decision, nodes=nodes, objects=objects, bus=bus)
+    assert objects.created == ["ConfigMap/cm"]
+    assert [e.id for e in bus.published] == ["e1"]
+
+
+async def test_the_drainers_release_lifts_its_cordon_in_the_same_patch() -> None:
+    nodes = FakeNodes()
+    rec = DrainRecord(phase="drained", cordoned=True, started=T0, since=T0)
+    nodes.add(node("n1", unschedulable=True, records={nodestate.DRAINER: rec}))
+    decision = drainer_core.Decision(
+        write=drainer_core.NodeWrite(record=Remove(), unschedulable=False)
+    )
+    await _apply(drainer_core.node_decision(CR, "n1", decision), nodes)
+    ((_, body),) = nodes.patches
+    assert body["spec"] == {"unschedulable": False}
+    assert body["metadata"]["annotations"] == {nodestate.key(nodestate.DRAINER, CR): None}
+    keep = drainer_core.node_decision(CR, "n1", drainer_core.Decision())
+    assert isinstance(keep.record, Keep)
+    assert not keep.patches_node

@@ -1,0 +1,3 @@
+module nodewright.local/rig/pause
+
+go 1.26.0
