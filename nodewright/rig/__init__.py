@@ -159,10 +159,32 @@ def sweep_dead_work_dirs(base: Path) -> list[Path]:
     return removed
 
 
+# Listening ports come from below the kernel's ephemeral range (and below the NodePort range
+# 30000-32767): a port the kernel chose for a bind to port 0 is free only at that instant,
+# and the next outgoing connection of any process may take it as its local port before the
+# service that was given it binds (CI: a scheduler's health port was taken that way and it
+# exited "address already in use"). Outgoing connections never take a port from here.
+_LISTEN_PORTS = range(20000, 30000)
+_handed_out: set[int] = set()
+_ports_lock = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on, never handed out before by this process."""
+    rng = secrets.SystemRandom()
+    with _ports_lock:
+        for _ in range(200):
+            port = rng.choice(_LISTEN_PORTS)
+            if port in _handed_out:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
+    raise RigError("rig", "no free loopback port in 20000-29999 after 200 tries")
 
 
 def _tail(path: Path, lines: int = 30) -> str:
