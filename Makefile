@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup host-deps rig images sandbox sandbox-real test lint typecheck unit clean
+.PHONY: setup host-deps rig images sandbox sandbox-real sandbox-helm test lint typecheck unit clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,12 @@ sandbox: setup
 # The sandbox plus one real node (containerd + kubelet) on which the example package runs.
 sandbox-real: setup
 	$(BIN)/nodewright sandbox --real-node
+
+# NodeWright installed as a user installs it: the official NATS chart (three JetStream
+# servers) and deploy/chart/nodewright with Helm, as pods on two real nodes. The NATS chart
+# comes from NATS_CHART (default: ../shared/vendor/charts/nats-2.14.2.tgz).
+sandbox-helm: setup
+	$(BIN)/nodewright sandbox --helm $(if $(NATS_CHART),--nats-chart $(NATS_CHART))
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -258,6 +258,22 @@ def completion(ctx: click.Context, shell: str) -> None:
     help="Also start one REAL node (containerd + kubelet in namespaces of its own; needs root "
     "and `make images`) and run the example package sysctl-tuning on it for real.",
 )
+@click.option(
+    "--helm",
+    is_flag=True,
+    help="Install as a user does instead of running the services as processes: the official "
+    "NATS chart (three JetStream servers) and deploy/chart/nodewright with Helm, as pods on "
+    "two REAL nodes (needs root and `make images`). Package stages then take the chart's "
+    "simulated duration (1s), not --stage-duration.",
+)
+@click.option(
+    "--nats-chart",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="PATH",
+    help="The official NATS chart 2.14.2 (.tgz) for --helm "
+    "[default: $NODEWRIGHT_NATS_CHART, else ../shared/vendor/charts/nats-2.14.2.tgz].",
+)
 def sandbox(
     gpu_nodes: int,
     cpu_nodes: int,
@@ -265,6 +281,8 @@ def sandbox(
     exit_when_ready: bool,
     timeout: float,
     real_node: bool,
+    helm: bool,
+    nats_chart: Path | None,
 ) -> int:
     """Run NodeWright locally on simulated nodes, with a live view of a rollout.
 
@@ -274,6 +292,13 @@ def sandbox(
     """
     from nodewright import sandbox as sandbox_
 
+    if helm and real_node:
+        raise click.UsageError(
+            "--helm and --real-node cannot be combined: --helm already runs two real nodes "
+            "(for NATS and NodeWright's pods); drop one of them"
+        )
+    if nats_chart is not None and not helm:
+        raise click.UsageError("--nats-chart is for --helm only: add --helm or drop it")
     return sandbox_.run(
         gpu_nodes=gpu_nodes,
         cpu_nodes=cpu_nodes,
@@ -281,6 +306,8 @@ def sandbox(
         exit_when_ready=exit_when_ready,
         timeout_s=timeout,
         real_node=real_node,
+        helm=helm,
+        nats_chart=nats_chart,
     )
 
 

@@ -24,12 +24,19 @@ Nodes and package runs are SIMULATED by kwok: nothing on this machine is changed
 own: ``nodewright.rig.realnode``), and the example package sysctl-tuning
 (deploy/samples/nodewright-sysctl-tuning.yaml) runs on it in real containers, changing the
 node's throwaway host root only.
+
+With ``--helm`` the services are installed as a user installs them (``nodewright.rig.
+helminstall``): the rig starts two REAL nodes (``nodepool=system``), the official NATS chart
+puts three JetStream servers on them, and ``helm install`` of deploy/chart/nodewright runs
+the services there as pods (two replicas each), reaching the API server and NATS through
+Services. The example NodeWright then rolls out across the kwok nodes as above.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -38,13 +45,13 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import msgspec
 from kubernetes_asyncio import client, config
 
 from nodewright import liveview, manifests
-from nodewright.rig import Rig, RigError, nodes
+from nodewright.rig import Rig, RigError, helminstall, nodes
 from nodewright.rig.fleet import Fleet
 from nodewright.rig.realnode import NodeSpec
 from shared.kube import Kube, path_of
@@ -125,6 +132,126 @@ Logs of every component, while it runs: {rig.dir}
 """
 
 
+class Services(Protocol):
+    """Where the five services run: processes on this machine, or pods installed by Helm."""
+
+    def start(self) -> None: ...
+    def check_alive(self) -> None: ...
+    def follow_along(self, name: str) -> str: ...
+    def stop(self) -> None: ...
+
+
+class ProcessServices:
+    """The five services as processes of this machine (the default)."""
+
+    def __init__(self, rig: Rig, fleet: Fleet) -> None:
+        self.rig, self.fleet = rig, fleet
+
+    def start(self) -> None:
+        # From the main thread, on purpose: see the module docstring (parent-death signal).
+        self.fleet.start_all()
+
+    def check_alive(self) -> None:
+        self.fleet.check_alive()
+
+    def follow_along(self, name: str) -> str:
+        return follow_along(self.rig, self.fleet, name)
+
+    def stop(self) -> None:
+        self.fleet.stop(timeout_s=15.0)
+
+
+class HelmServices:
+    """The services as pods on the rig's real nodes, installed with Helm (``--helm``). The
+    kubelets restart a pod that fails; the rig's stop takes the nodes and their pods."""
+
+    def __init__(self, rig: Rig, nats_chart: Path) -> None:
+        self.rig, self.nats_chart = rig, nats_chart
+        self.nats: helminstall.NatsInstall | None = None
+        self.status_ip = ""
+
+    def install(self, screen: Screen) -> None:
+        t0 = time.monotonic()
+        screen.say(
+            f"Installing NATS with its official chart ({self.nats_chart.name}): three "
+            "JetStream servers on the real nodes ..."
+        )
+        self.nats = helminstall.install_nats(self.rig, self.nats_chart, self.rig.dir / "nats-users")
+        t1 = time.monotonic()
+        screen.say(
+            f"NATS up in {t1 - t0:.1f}s. Installing NodeWright with Helm "
+            "(deploy/chart/nodewright, two replicas of each service) ..."
+        )
+        helminstall.install_nodewright(self.rig)
+        screen.say(f"NodeWright installed in {time.monotonic() - t1:.1f}s.")
+        listed = json.loads(
+            helminstall.run_tool(
+                self.rig, "kubectl", "get", "pods", "-n", NAMESPACE, "-o", "json",
+                "-l", "app.kubernetes.io/component=status",
+            )
+        )  # fmt: skip
+        ips = [p["status"].get("podIP", "") for p in listed["items"]]
+        self.status_ip = next((ip for ip in ips if ip), "")
+
+    def start(self) -> None:
+        """Nothing to start: :meth:`install` did, before the rollout."""
+
+    def check_alive(self) -> None:
+        """Nothing to check: a pod that fails is restarted by its kubelet, visibly."""
+
+    def stop(self) -> None:
+        """Nothing to stop (the rig's stop takes the real nodes and every pod on them), but
+        the pods' logs go into the rig's directory first, to be kept with its own."""
+        for namespace, selector, log in (
+            (NAMESPACE, "app.kubernetes.io/name=nodewright", "nodewright-pods.log"),
+            (helminstall.NATS_NAMESPACE, helminstall.NATS_PODS, "nats-pods.log"),
+        ):
+            with contextlib.suppress(RigError, OSError):
+                text = helminstall.run_tool(
+                    self.rig, "kubectl", "logs", "-n", namespace, "-l", selector,
+                    "--all-containers", "--prefix", "--tail=-1", "--max-log-requests=20",
+                    "--request-timeout=10s",
+                )  # fmt: skip
+                (self.rig.dir / log).write_text(text)
+
+    def follow_along(self, name: str) -> str:
+        ep = self.rig.endpoints
+        kubectl = self.rig.bin_dir / "kubectl"
+        helm = self.rig.bin_dir / "helm"
+        events = "  (NATS is not installed)"
+        if self.nats is not None:
+            reader = self.nats.secrets.get(f"{helminstall.USERS_SECRET}-reader", {})
+            password_file = self.rig.dir / "nats-reader-password"
+            password_file.write_text(reader.get("password", ""))
+            password_file.chmod(0o600)
+            server = self.nats.urls[0] if self.nats.urls else "nats://<a NATS pod IP>:4222"
+            events = (
+                f"  .venv/bin/nodewright events --server {server} --user "
+                f"{reader.get('user', '')} --password-file {password_file} --all"
+            )
+        page = (
+            f"http://{self.status_ip}:8080/ui/?token={ep.token}"
+            if self.status_ip
+            else "(no status pod has an address yet: kubectl get pods -n nodewright-system)"
+        )
+        return f"""
+Follow along (NodeWright and three NATS servers run as pods on the rig's two REAL nodes,
+installed with Helm; the gpu/cpu nodes and their package runs are SIMULATED by kwok):
+  export KUBECONFIG={ep.kubeconfig}
+  {kubectl} get pods -n {NAMESPACE} -o wide
+  {kubectl} get pods -n {helminstall.NATS_NAMESPACE} -o wide
+  {kubectl} get nodewright {name} -w
+  {kubectl} logs -n {NAMESPACE} deploy/nodewright-scheduler
+  {helm} list -A
+  .venv/bin/nodewright node list --nodewright {name}
+Follow the event stream (as the reader user `nodewright nats-users` made):
+{events}
+The live page of the status service (a status pod's address; the sandbox's admin token):
+  {page}
+Logs of the rig's own components, while it runs: {self.rig.dir}
+"""
+
+
 async def _client(rig: Rig) -> client.ApiClient:
     cfg = client.Configuration()
     await config.load_kube_config(
@@ -189,7 +316,7 @@ class Live:
 
 
 async def _rollout(
-    rig: Rig, fleet: Fleet, screen: Screen, opts: Options, stop: asyncio.Event
+    rig: Rig, services: Services, screen: Screen, opts: Options, stop: asyncio.Event
 ) -> bool:
     async with await _client(rig) as raw:
         kube = Kube(raw)
@@ -205,20 +332,20 @@ async def _rollout(
         screen.say(f"Created {opts.gpu_nodes} simulated GPU nodes and {opts.cpu_nodes} CPU nodes.")
         if stop.is_set():
             return False
-        screen.say(
-            "Starting the five services (scheduler, drainer, executor, validator, status) ..."
-        )
-        # From the main thread, on purpose: see the module docstring (parent-death signal).
-        fleet.start_all()
+        if isinstance(services, ProcessServices):
+            screen.say(
+                "Starting the five services (scheduler, drainer, executor, validator, status) ..."
+            )
+        services.start()
         example = manifests.sample(EXAMPLE)
         name = example["metadata"]["name"]
-        screen.say(follow_along(rig, fleet, name))
+        screen.say(services.follow_along(name))
         if stop.is_set():
             return False
         await manifests.apply(kube, example)
         screen.say(f"Applied NodeWright {name} (deploy/samples/{EXAMPLE}); rolling out:")
         # The real node's own NodeWright, beside the simulated one (--real-node).
-        real = manifests.sample(REAL_EXAMPLE) if rig.real is not None else None
+        real = manifests.sample(REAL_EXAMPLE) if opts.real_node else None
         real_ready = real is None
         if real is not None:
             await manifests.apply(kube, real)
@@ -231,7 +358,7 @@ async def _rollout(
         live = Live(screen)
         try:
             while not stop.is_set():
-                fleet.check_alive()
+                services.check_alive()
                 rig.check_alive()
                 raw_cr = await kube.get(f"{manifests.NODEWRIGHTS}/{name}")
                 listed = await kube.get(path_of(plural="nodes"))
@@ -271,18 +398,21 @@ class Options(msgspec.Struct, frozen=True, kw_only=True):
     stage_duration: str = "2s"
     exit_when_ready: bool = False
     timeout_s: float = 900.0
+    real_node: bool = False
+    """--real-node: the real node's own NodeWright (sysctl-tuning) too. Not with --helm,
+    whose real nodes are the cluster's own (NATS, NodeWright), not a package's target."""
 
 
-async def _main(rig: Rig, fleet: Fleet, screen: Screen, opts: Options) -> int:
+async def _main(rig: Rig, services: Services, screen: Screen, opts: Options) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
     try:
-        ok = await _rollout(rig, fleet, screen, opts, stop)
+        ok = await _rollout(rig, services, screen, opts, stop)
         if stop.is_set():
             return 0
-        if rig.real is not None:
+        if opts.real_node:
             screen.say(real_node_hint(rig))
         if opts.exit_when_ready:
             return 0 if ok else 1
@@ -295,7 +425,7 @@ async def _main(rig: Rig, fleet: Fleet, screen: Screen, opts: Options) -> int:
         screen.say("Press Ctrl-C to stop everything.")
         while not stop.is_set():
             try:
-                fleet.check_alive()
+                services.check_alive()
                 rig.check_alive()
             except RigError as exc:
                 screen.say(f"sandbox: {exc}", err=True)
@@ -345,6 +475,8 @@ def run(
     exit_when_ready: bool = False,
     timeout_s: float = 900.0,
     real_node: bool = False,
+    helm: bool = False,
+    nats_chart: Path | None = None,
 ) -> int:
     opts = Options(
         gpu_nodes=gpu_nodes,
@@ -352,25 +484,52 @@ def run(
         stage_duration=stage_duration,
         exit_when_ready=exit_when_ready,
         timeout_s=timeout_s,
+        real_node=real_node,
     )
     screen = Screen()
-    # The directory goes at the end: etcd's data is throw-away, the logs are copied out.
-    rig = Rig(keep_work_dir=False, real_nodes=(NodeSpec(labels=REAL_LABELS),) if real_node else ())
-    fleet = Fleet(
-        rig,
-        namespace=NAMESPACE,
-        extra_env={"NODEWRIGHT_PODS_SIM_STAGE_DURATION": opts.stage_duration},
-    )
+    services: Services
+    installed: HelmServices | None = None
+    if helm:
+        try:
+            chart = helminstall.find_nats_chart(nats_chart)
+        except RigError as exc:
+            screen.say(f"sandbox: {exc.problem}", err=True)
+            return 1
+        rig = Rig(
+            keep_work_dir=False,
+            real_nodes=helminstall.system_nodes(2),
+            real_node_images=helminstall.IMAGES,
+        )
+        services = installed = HelmServices(rig, chart)
+    else:
+        # The directory goes at the end: etcd's data is throw-away, the logs are copied out.
+        rig = Rig(
+            keep_work_dir=False, real_nodes=(NodeSpec(labels=REAL_LABELS),) if real_node else ()
+        )
+        fleet = Fleet(
+            rig,
+            namespace=NAMESPACE,
+            extra_env={"NODEWRIGHT_PODS_SIM_STAGE_DURATION": opts.stage_duration},
+        )
+        services = ProcessServices(rig, fleet)
     code = 1
     try:
         with _signals_interrupt():
             what = (
-                "simulated nodes, one real node" if real_node else "simulated nodes, nothing real"
+                "simulated nodes, two real nodes for NATS and NodeWright's pods"
+                if helm
+                else "simulated nodes, one real node"
+                if real_node
+                else "simulated nodes, nothing real"
             )
             screen.say(f"Starting a local control plane and NATS on loopback ({what}) ...")
             rig.start()
-            screen.say(f"Control plane and NATS up in {rig.timings['total']:.1f}s.")
-            code = asyncio.run(_main(rig, fleet, screen, opts))
+            up = "Control plane and two real nodes" if helm else "Control plane and NATS"
+            screen.say(f"{up} up in {rig.timings['total']:.1f}s.")
+            if installed is not None:
+                # Synchronous, before the loop: Ctrl-C interrupts helm as it does the rig.
+                installed.install(screen)
+            code = asyncio.run(_main(rig, services, screen, opts))
     except KeyboardInterrupt:
         code = 0  # stopping is what Ctrl-C asks for; the clean-up below does it
     except RigError as exc:
@@ -382,7 +541,7 @@ def run(
         previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
         try:
             screen.say("Stopping the sandbox (every process it started) ...")
-            fleet.stop(timeout_s=15.0)
+            services.stop()
             logs = save_logs(rig)
             rig.stop()
             screen.say(f"Stopped. Logs: {logs}" if logs else "Stopped.")

@@ -7,7 +7,8 @@ NodeWright from deploy/chart/nodewright with the images `make images` built. Eve
 runs as a pod and reaches the API server and NATS through Services. Rollouts target kwok
 nodes (the chart's ``simulatedNodes``: their stage pods carry kwok's annotations).
 
-The NATS cluster is installed once per session; NodeWright per test (:func:`install`).
+The NATS cluster is installed once per package; NodeWright per test (:func:`install`). How
+both are installed is ``nodewright.rig.helminstall``'s, which ``make sandbox-helm`` uses too.
 """
 
 from __future__ import annotations
@@ -16,57 +17,28 @@ import asyncio
 import contextlib
 import json
 import os
-import secrets
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
-import yaml
 from nats.aio.client import Client as NATS
 
-from nodewright import manifests, natsusers
-from nodewright.rig import Rig
-from nodewright.rig.realnode import NodeSpec
+from nodewright import manifests
+from nodewright.rig import Rig, helminstall
 from shared.kube import Kube, path_of
 from tests.e2e import conftest as e2e
 
 pytestmark = pytest.mark.timeout(900)
 
-REPO = Path(__file__).resolve().parents[3]
-_VENDORED = Path("shared") / "vendor" / "charts" / "nats-2.14.2.tgz"
-# shared/ lies beside the clone (CI, /work/main), or beside the folder of a git worktree.
-NATS_CHART = next(
-    (p / _VENDORED for p in (REPO.parent, REPO.parent.parent) if (p / _VENDORED).exists()),
-    REPO.parent / _VENDORED,
-)
-CHART = REPO / "deploy" / "chart" / "nodewright"
-SYSTEM = {"nodepool": "system"}
-NAMESPACE = "nodewright-system"
-IMAGES = ("pause", "agent", "sysctl-tuning", "coredns", "nats", "nodewright")
-NATS_PODS = "app.kubernetes.io/name=nats,app.kubernetes.io/instance=nats"
-NATS_VALUES = REPO / "deploy" / "nats" / "values.yaml"
-"""The NATS values docs/install.md recommends (three servers, JetStream)."""
-NATS_RIG_VALUES = [
-    # What differs on this rig: no registry (the image built here), no storage provisioner,
-    # the sidecars' images cannot be pulled, and the servers belong on the real nodes.
-    "container.image.repository=nodewright.local/rig/nats",
-    "container.image.tag=2.15.1",
-    "container.image.pullPolicy=IfNotPresent",
-    "config.jetstream.fileStore.pvc.enabled=false",
-    "reloader.enabled=false",
-    "natsBox.enabled=false",
-    "promExporter.enabled=false",
-    "podTemplate.merge.spec.nodeSelector.nodepool=system",
-]
-NODEWRIGHT_RIG_VALUES = [
-    "nats.streamReplicas=3",
-    "simulatedNodes=true",
-    "nodeSelector.nodepool=system",
-]
+REPO = helminstall.REPO
+CHART = helminstall.CHART
+NAMESPACE = helminstall.NAMESPACE
+IMAGES = helminstall.IMAGES
+NATS_PODS = helminstall.NATS_PODS
+USERS_SECRET = helminstall.USERS_SECRET
+ADMIN = helminstall.ADMIN
 
 
 # Package scope: a session fixture would outlive the package and run beside the next
@@ -77,7 +49,7 @@ def rig() -> Iterator[Rig]:
     keep = os.environ.get("NW_TEST_KEEP_RIG") == "1"
     the_rig = Rig(
         keep_work_dir=keep,
-        real_nodes=(NodeSpec(labels=SYSTEM), NodeSpec(labels=SYSTEM)),
+        real_nodes=helminstall.system_nodes(2),
         real_node_images=IMAGES,
     )
     the_rig.start()
@@ -137,15 +109,6 @@ async def _cluster_state(rig: Rig) -> str:
     return "\n".join(parts)
 
 
-def sets(values: list[str]) -> list[str]:
-    return [arg for value in values for arg in ("--set", value)]
-
-
-ADMIN = "rig-admin"
-"""The test harness's own NATS user (all permissions): it deletes the stream between tests."""
-USERS_SECRET = "nodewright-nats-users"
-
-
 @dataclass
 class NatsCluster:
     """The official chart's three servers, each service and the reader a user of their own
@@ -195,54 +158,21 @@ class NatsCluster:
             await nc.close()
 
 
-def _run(rig: Rig, name: str, *args: str) -> str:
-    done = subprocess.run(
-        [str(rig.bin_dir / name), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "KUBECONFIG": str(rig.endpoints.kubeconfig)},
-    )
-    assert done.returncode == 0, f"{name} {' '.join(args[:4])} failed:\n{done.stdout}{done.stderr}"
-    return done.stdout
-
-
 # Package scope: a session fixture would outlive the package and run beside the next
 # package's rig (and its real nodes) until the very end of the run.
 @pytest.fixture(scope="package")
 def nats_cluster(rig: Rig, tmp_path_factory: pytest.TempPathFactory) -> NatsCluster:
     """The official NATS chart, three servers with JetStream and NodeWright's users, installed
     once; the users' Secrets applied in NodeWright's namespace, as docs/install.md says."""
-    out = tmp_path_factory.mktemp("nats-users")
-    values, manifests_file = natsusers.write(out, secret=USERS_SECRET, namespace=NAMESPACE)
-    admin_password = secrets.token_urlsafe(16)
-    doc = yaml.safe_load(values.read_text())
-    doc["config"]["merge"]["authorization"]["users"].append(
-        {"user": ADMIN, "password": natsusers.hash_password(admin_password)}
+    installed = helminstall.install_nats(
+        rig, helminstall.find_nats_chart(), tmp_path_factory.mktemp("nats-users")
     )
-    values.write_text(yaml.safe_dump(doc))
-    _run(rig, "kubectl", "create", "namespace", NAMESPACE)
-    _run(rig, "kubectl", "apply", "-f", str(manifests_file))
-    _run(
-        rig, "helm", "install", "nats", str(NATS_CHART), "-n", "nats", "--create-namespace",
-        "-f", str(NATS_VALUES), "-f", str(values), *sets(NATS_RIG_VALUES),
-        "--wait", "--timeout", "300s",
-    )  # fmt: skip
-    listed = json.loads(
-        _run(rig, "kubectl", "get", "pods", "-n", "nats", "-o", "json", "-l", NATS_PODS)
-    )
-    cluster = NatsCluster(
+    return NatsCluster(
         rig,
-        admin_password=admin_password,
-        secrets={
-            d["metadata"]["name"]: d["stringData"]
-            for d in yaml.safe_load_all(manifests_file.read_text())
-            if d
-        },
+        pods=installed.pods,
+        admin_password=installed.admin_password,
+        secrets=installed.secrets,
     )
-    cluster.pods = {p["metadata"]["name"]: p["status"]["podIP"] for p in listed["items"]}
-    assert len(cluster.pods) == 3, cluster.pods
-    return cluster
 
 
 @contextlib.asynccontextmanager
@@ -256,12 +186,7 @@ async def e2e_kube(rig: Rig) -> AsyncIterator[Kube]:
 
 async def install(rig: Rig, *extra: str, name: str = "nodewright") -> str:
     """``helm install`` of NodeWright as docs/install.md says, plus the rig's values."""
-    return await tool(
-        rig, "helm", "install", name, str(CHART), "-n", NAMESPACE, "--create-namespace",
-        "--set", "nats.url=nats://nats.nats.svc:4222",
-        "--set", f"nats.auth.secretName={USERS_SECRET}", *sets(NODEWRIGHT_RIG_VALUES), *extra,
-        "--wait", "--timeout", "300s",
-    )  # fmt: skip
+    return await tool(rig, "helm", *helminstall.install_args(*extra, name=name))
 
 
 async def service_pods(kapi: Kube) -> list[dict[str, Any]]:
