@@ -207,6 +207,24 @@ async def apply(
     return again
 
 
+async def flush_then(
+    *,
+    owner: str,
+    key: tuple[str, str],
+    nodes: NodePort,
+    bus: EventPort,
+    work: Callable[[tuple[str, str]], Awaitable[float | None]],
+) -> float | None:
+    """A service's reconcile of (cr, node): first the events a writer (this replica or
+    another, maybe dead) left in ``owner``'s outbox, then ``work`` whether or not NATS took
+    them; the sooner of the two retry delays (None: neither asks for one)."""
+    unpublished = await flush(owner=owner, cr=key[0], node=key[1], nodes=nodes, bus=bus)
+    again = await work(key)
+    if unpublished is None:
+        return again
+    return unpublished if again is None else min(again, unpublished)
+
+
 async def flush(*, owner: str, cr: str, node: str, nodes: NodePort, bus: EventPort) -> float | None:
     """Publish what ``owner``'s outbox about ``cr`` on ``node`` holds, then clear it with
     the node's resourceVersion as precondition (what another writer added meanwhile stays,

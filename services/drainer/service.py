@@ -160,15 +160,13 @@ class Drainer:
     # ---- reconcile ----------------------------------------------------------------------
 
     async def reconcile(self, key: NodeKey) -> float | None:
-        # Events a writer (this replica or another, maybe dead) left in the outbox first;
-        # the work goes on whether or not NATS takes them now.
-        unpublished = await nodeshell.flush(
-            owner=nodestate.DRAINER, cr=key[0], node=key[1], nodes=self.node_port, bus=self.bus_port
+        return await nodeshell.flush_then(
+            owner=nodestate.DRAINER,
+            key=key,
+            nodes=self.node_port,
+            bus=self.bus_port,
+            work=self._reconcile,
         )
-        again = await self._reconcile(key)
-        if unpublished is None:
-            return again
-        return unpublished if again is None else min(again, unpublished)
 
     async def _reconcile(self, key: NodeKey) -> float | None:
         cr_name, node_name = key

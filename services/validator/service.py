@@ -196,19 +196,13 @@ class Validator:
         return True
 
     async def reconcile(self, key: NodeKey) -> float | None:
-        # Events a writer (this replica or another, maybe dead) left in the outbox first;
-        # the work goes on whether or not NATS takes them now.
-        unpublished = await nodeshell.flush(
+        return await nodeshell.flush_then(
             owner=nodestate.VALIDATOR,
-            cr=key[0],
-            node=key[1],
+            key=key,
             nodes=self.node_port,
             bus=self.bus_port,
+            work=self._reconcile,
         )
-        again = await self._reconcile(key)
-        if unpublished is None:
-            return again
-        return unpublished if again is None else min(again, unpublished)
 
     async def _reconcile(self, key: NodeKey) -> float | None:
         cr_name, node_name = key
