@@ -441,4 +441,16 @@ async def connect(
     """One client for the process; with ``registry``, its requests are counted there."""
     cfg = await configuration(settings)
     async with client.ApiClient(configuration=cfg) as api:
+        without_environment_lookups(api)
         yield Kube(api, observe=request_counter(registry) if registry is not None else None)
+
+
+def without_environment_lookups(api: client.ApiClient) -> None:
+    """kubernetes_asyncio opens its aiohttp session with ``trust_env=True``: every request
+    then reads ~/.netrc and the proxy variables in a thread (5 to 25 % of a service's CPU,
+    issue 15). The API server is reached directly or through the kubeconfig's own
+    ``proxy-url`` (``Configuration.proxy``, passed per request), never through the
+    environment's proxy, so the lookups are turned off."""
+    session = api.rest_client.pool_manager
+    if isinstance(session, aiohttp.ClientSession):
+        session._trust_env = False  # aiohttp has no public setter; the attribute is in ATTRS

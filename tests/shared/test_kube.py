@@ -3,10 +3,15 @@ service exposes on /metrics (checked against the real API server)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import aiohttp
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry
 
-from shared.kube import ApiError, Kube, path_of, request_counter, resource_of
+from shared.config import KubeSettings
+from shared.kube import ApiError, Kube, connect, path_of, request_counter, resource_of
 
 
 @pytest.mark.parametrize(
@@ -53,3 +58,28 @@ async def test_every_request_is_counted_by_verb_resource_and_code(kapi: Kube) ->
         ("GET", "nodes", "404"): 1.0,
         ("WATCH", "namespaces", "200"): 1.0,
     }
+
+
+async def test_the_client_reads_no_proxy_or_netrc_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 15: every request looked up netrc and proxy settings in a thread. The
+    process's client must not (a proxy in the environment would otherwise be used too)."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    async with connect(KubeSettings(kubeconfig=str(kubeconfig))) as kube:
+        session = kube.api.rest_client.pool_manager
+        assert isinstance(session, aiohttp.ClientSession)
+        assert session.trust_env is False
