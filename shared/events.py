@@ -14,6 +14,7 @@ of an event comes from ``shared.subjects``. This module does no I/O.
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 from typing import Annotated, Any, Final
 
@@ -66,11 +67,17 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
 
     @property
     def kind(self) -> str:
-        return str(msgspec.inspect.type_info(type(self)).tag)  # type: ignore[attr-defined]
+        return _tag_of(type(self))
 
     @property
     def subject(self) -> str:
         return subjects.event(cr=self.cr, node=self.node, kind=self.kind)
+
+
+@functools.cache
+def _tag_of(cls: type[Event]) -> str:
+    # msgspec.inspect builds a whole type description; once per class is enough (issue 15).
+    return str(msgspec.inspect.type_info(cls).tag)  # type: ignore[attr-defined]
 
 
 class PackageRef(msgspec.Struct, frozen=True, kw_only=True):
