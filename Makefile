@@ -24,7 +24,7 @@ host-deps:
 
 # Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy,
 # kubectl, kwok, helm, containerd, CoreDNS, crane, the pause program and the tools the tests
-# use (the nats CLI, krew) from the Go module proxy into ~/.cache/nodewright-rig, with
+# use (the nats CLI, krew, toxiproxy) from the Go module proxy into ~/.cache/nodewright-rig, with
 # promtool from Debian's prometheus package and the Prometheus Operator's ServiceMonitor/PodMonitor CRDs from its module (once; later
 # runs return at once).
 rig:

@@ -2,7 +2,8 @@
 # Build the test rig's Go binaries (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, kubelet, kube-proxy, kwok, helm, containerd and its runc shim,
 # ctr, CoreDNS, the pod sandbox "pause" program, crane, whose registry the chart tests push
-# the chart to, and the operator's tools the tests use: the nats CLI and krew) from the Go
+# the chart to, the operator's tools the tests use: the nats CLI and krew, and toxiproxy, the
+# reliability tests' fault proxy) from the Go
 # module proxy into a cache outside the repo, unpacks Debian's containerd 1.6 package beside
 # them (a runtime without image volumes, for one of the rig's real nodes) and promtool from
 # Debian's prometheus package, and copies
@@ -81,6 +82,10 @@ build() { # name component outputs... ; the build cmd follows after '--'
     natscli)
       (cd "$here/tools/natscli" && go build -trimpath -ldflags "-s -w" -o "$tmp/nats" github.com/nats-io/natscli/nats) \
         || die "nats CLI build failed (module github.com/nats-io/natscli); see the go output above." ;;
+    toxiproxy)
+      # A TCP fault proxy on loopback (latency, cut connections) for the reliability tests.
+      (cd "$here/tools/toxiproxy" && go build -trimpath -ldflags "-s -w" -o "$tmp/toxiproxy-server" github.com/Shopify/toxiproxy/v2/cmd/server) \
+        || die "toxiproxy build failed (module github.com/Shopify/toxiproxy/v2); see the go output above." ;;
     krew)
       (cd "$here/tools/krew" && go build -trimpath -ldflags "-s -w" -o "$tmp/krew" sigs.k8s.io/krew/cmd/krew) \
         || die "krew build failed (module sigs.k8s.io/krew); see the go output above." ;;
@@ -181,7 +186,7 @@ prometheus_crds() {
   echo "$key" > "$dest/.key"
 }
 
-want=${*:-etcd kwok helm k8s pause containerd containerd-1.6 coredns crane prometheus-crds natscli promtool krew}
+want=${*:-etcd kwok helm k8s pause containerd containerd-1.6 coredns crane prometheus-crds natscli promtool krew toxiproxy}
 for comp in $want; do
   case $comp in
     etcd) build etcd etcd ;;
@@ -197,7 +202,8 @@ for comp in $want; do
     natscli) build natscli nats ;;
     promtool) debian_promtool ;;
     krew) build krew krew ;;
-    *) die "unknown component '$comp' (etcd kwok helm k8s pause containerd containerd-1.6 coredns crane prometheus-crds natscli promtool krew)" ;;
+    toxiproxy) build toxiproxy toxiproxy-server ;;
+    *) die "unknown component '$comp' (etcd kwok helm k8s pause containerd containerd-1.6 coredns crane prometheus-crds natscli promtool krew toxiproxy)" ;;
   esac
 done
 

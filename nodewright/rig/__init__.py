@@ -217,6 +217,12 @@ class Process:
                 os.killpg(self.popen.pid, signal.SIGKILL)
             self.popen.wait()
 
+    def kill(self) -> None:
+        """SIGKILL the component's process group: a crash, nothing flushed or closed."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait()
+
 
 @dataclass
 class Endpoints:
@@ -309,11 +315,39 @@ class Rig:
                     proc.name, f"exited with code {proc.popen.returncode}", _tail(proc.log)
                 )
 
-    def restart_nats(self) -> None:
-        """Stop and start nats-server on the same port and store (a bus outage in tests)."""
+    def restart_nats(self, *, down_s: float = 0.0, crash: bool = False) -> None:
+        """Stop and start nats-server on the same port and store (a bus outage in tests):
+        SIGTERM, or SIGKILL with ``crash``; down for ``down_s`` before it starts again."""
         proc = self.processes.pop("nats-server")
-        proc.stop()
+        if crash:
+            proc.kill()
+        else:
+            proc.stop()
+        time.sleep(down_s)
         self.start_nats(port=int(self.endpoints.nats_url.rsplit(":", 1)[1]))
+
+    def restart_apiserver(self, *, down_s: float = 0.0) -> None:
+        """Stop kube-apiserver (SIGTERM), keep it down ``down_s``, start it again with the
+        same command line (port, certificates, tokens) and wait until it is ready."""
+        proc = self.processes.pop("kube-apiserver")
+        argv = [str(a) for a in proc.popen.args]  # type: ignore[union-attr]
+        proc.stop()
+        time.sleep(down_s)
+        again = self._spawn("kube-apiserver", argv)
+        self._wait(
+            again,
+            lambda: self._http_ok(f"{self.endpoints.api_url}/readyz", token=self.endpoints.token),
+            "ready again (/readyz)",
+        )
+
+    def run_component(
+        self, name: str, argv: list[str], probe: Callable[[], bool], what: str
+    ) -> Process:
+        """Start one more component beside the rig's own (e.g. a fault proxy), stopped with
+        the rig, and wait until ``probe`` says it is ``what``."""
+        proc = self._spawn(name, argv)
+        self._wait(proc, probe, what)
+        return proc
 
     # ---- helpers -----------------------------------------------------------------------
 
@@ -489,8 +523,9 @@ class Rig:
             f"--kubelet-client-key={certs.kubelet_client_key}",
         ]
 
-    def write_kubeconfig(self, path: Path, *, user: str, token: str) -> Path:
-        """Write a kubeconfig for ``user`` authenticating with ``token`` against this rig."""
+    def write_kubeconfig(self, path: Path, *, user: str, token: str, server: str = "") -> Path:
+        """Write a kubeconfig for ``user`` authenticating with ``token`` against this rig
+        (at ``server``, e.g. a fault proxy in front of it; by default the API server)."""
         ca = base64.b64encode(self.endpoints.ca_file.read_bytes()).decode()
         doc = {
             "apiVersion": "v1",
@@ -498,7 +533,10 @@ class Rig:
             "clusters": [
                 {
                     "name": "rig",
-                    "cluster": {"server": self.endpoints.api_url, "certificate-authority-data": ca},
+                    "cluster": {
+                        "server": server or self.endpoints.api_url,
+                        "certificate-authority-data": ca,
+                    },
                 }
             ],
             "users": [{"name": user, "user": {"token": token}}],

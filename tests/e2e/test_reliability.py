@@ -1,0 +1,74 @@
+"""Issue 14's reliability suite: a rollout under every fault at once, and one behind a slow
+API server, on a rig of their own (bench.faults restarts its API server and kills its
+nats-server, which the session's rig must not suffer).
+
+The 200-node run is bench/faults.py's, sized for CI; ``python -m bench.faults --nodes 1000
+--compare`` is the big run. Every assertion reads what observers outside the services saw:
+two pod ledgers (a pod watch, an etcd watch), a disruption count at every node change and
+every 100 ms, the event stream itself and the consumers' state.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import pytest
+
+from bench import faults
+
+pytestmark = [pytest.mark.rig, pytest.mark.timeout(2400)]
+
+
+def test_200_nodes_under_kills_outages_latency_and_a_partition_roll_out_exactly_once() -> None:
+    plan = faults.Plan(
+        nodes=200, packages=2, replicas=2, budget_percent=10, seed=14, kill_every_s=(2.0, 4.0)
+    )
+    report = faults.one_run(plan)
+    print(json.dumps(asdict(report), indent=1))
+    assert report.ready, f"not Ready after {report.time_to_ready_s}s"
+    assert report.kills >= 100, report.kills
+    assert report.nats_kills == 2
+    assert report.api_restarts == 1
+    assert report.latency_window_s >= 60
+    assert report.partition_window_s >= 30
+    # Each of 200 nodes x 2 packages x 2 stages ran one stage pod and one check pod.
+    assert report.stage_pods == 200 * 2 * 2 * 2, report.stage_pods
+    assert report.duplicates_pod_watch == {}, "the pod watch saw a stage pod created twice"
+    assert report.duplicates_etcd == {}, "etcd saw a stage pod created twice"
+    assert report.etcd_creations == report.stage_pods
+    assert report.samples > 100
+    assert report.samples_over_budget == 0
+    assert report.changes_over_budget == 0
+    assert report.max_disrupted <= report.budget
+    assert report.left_cordoned == []
+    assert report.events_missing == {}, "transitions that reached Kubernetes but not the stream"
+    assert report.events_repeated == {}, "transitions published twice"
+    assert report.events_unexpected == {}
+    assert report.msg_ids_repeated == 0
+    assert report.backlog_cleared_after_s is not None, report.backlog_at_end
+    assert report.backlog_cleared_after_s <= 60
+    assert report.log_tracebacks == 0, report.log_errors
+    assert report.log_errors == {}
+
+
+def test_a_rollout_keeps_going_with_2_s_added_to_every_api_call() -> None:
+    """The slow-LIST case: every request of the services (their LISTs, watches and writes)
+    waits 2 s more from the moment they start; the rollout still completes, within budget."""
+    plan = faults.Plan(
+        nodes=10,
+        packages=1,
+        replicas=1,
+        budget_percent=50,
+        faults=False,
+        steady_latency_ms=2000,
+        timeout_s=900,
+    )
+    report = faults.one_run(plan)
+    print(json.dumps(asdict(report), indent=1))
+    assert report.ready, f"no progress to Ready in {report.time_to_ready_s}s"
+    assert report.max_disrupted <= report.budget
+    assert report.duplicates_etcd == {}
+    assert report.events_missing == {}
+    assert report.events_repeated == {}
+    assert report.left_cordoned == []
