@@ -22,6 +22,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from shared.config import NatsSettings
+from shared.outages import Outage
 
 _log = logging.getLogger("nodewright.bus")
 
@@ -54,14 +55,18 @@ def credentials(settings: NatsSettings) -> dict[str, Any]:
 
 
 async def _connect_once(settings: NatsSettings, name: str) -> NATS:
+    # One warning when NATS is lost, one when it is back (nats-py calls error_cb on every
+    # failed reconnect attempt: a 30 s outage was ~100 warnings per service).
+    outage = Outage(lost="Lost NATS", back="Reconnected to NATS", log=_log)
+
     async def on_error(exc: Exception) -> None:
-        _log.warning("NATS connection error", extra={"error": str(exc)})
+        outage.failed(str(exc))
 
     async def on_disconnected() -> None:
-        _log.warning("Disconnected from NATS")
+        outage.failed("disconnected")
 
     async def on_reconnected() -> None:
-        _log.info("Reconnected to NATS")
+        outage.answered()
 
     nc = await nats.connect(
         servers=settings.url.split(","),

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -29,6 +28,7 @@ from kubernetes_asyncio import client, config
 from prometheus_client import CollectorRegistry, Counter
 
 from shared.config import KubeSettings
+from shared.outages import Outage
 
 JSON = dict[str, Any]
 PatchKind = Literal["merge", "json", "strategic", "apply"]
@@ -78,31 +78,13 @@ class ApiError(Exception):
         return self.status in _TRANSIENT
 
 
-@dataclass
-class Outage:
-    """Whether the API server answers, as this process's requests find it: one warning
-    when it stops (the first request without an answer), one when it answers again (with
-    the outage's duration), nothing per failed request in between."""
-
-    clock: Callable[[], float] = time.monotonic
-    since: float | None = None
-    """When the current outage started (None: the API server answers)."""
-    outages: int = 0
-
-    def failed(self, error: str) -> None:
-        if self.since is None:
-            self.since = self.clock()
-            self.outages += 1
-            _log.warning("Lost the Kubernetes API server", extra={"error": error})
-
-    def answered(self) -> None:
-        if self.since is not None:
-            duration = self.clock() - self.since
-            self.since = None
-            _log.warning(
-                "Reached the Kubernetes API server again",
-                extra={"outage_s": round(duration, 1)},
-            )
+def api_server_outage() -> Outage:
+    """How this process logs the API server not answering (shared.outages)."""
+    return Outage(
+        lost="Lost the Kubernetes API server",
+        back="Reached the Kubernetes API server again",
+        log=_log,
+    )
 
 
 def path_of(
@@ -168,7 +150,7 @@ def request_counter(registry: CollectorRegistry) -> RequestObserver:
 class Kube:
     api: client.ApiClient
     observe: RequestObserver | None = None
-    outage: Outage = field(default_factory=Outage, compare=False)
+    outage: Outage = field(default_factory=api_server_outage, compare=False)
 
     async def ready(self) -> bool:
         """True when the API server answers /readyz."""

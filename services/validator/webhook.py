@@ -22,11 +22,11 @@ import os
 import ssl
 import tempfile
 from base64 import b64decode, b64encode
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, Final, Protocol
+from typing import Annotated, Any, Final, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -49,6 +49,8 @@ _VWC_PATH: Final = path_of(
     group="admissionregistration.k8s.io", plural="validatingwebhookconfigurations"
 )
 _CA_KEY: Final = "ca.key"
+_STARTUP_BACKOFF_MAX_S: Final = 5.0
+_T = TypeVar("_T")
 
 
 class WebhookSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -648,6 +650,21 @@ async def _current_bundle(
     return bundle
 
 
+async def _answered(call: Callable[[], Awaitable[_T]]) -> _T:
+    """``call()``, again after a short backoff while the API server does not answer (a
+    replica started during an outage waits for it, unready, instead of exiting with a
+    traceback; shared.kube.Outage logs the outage once). Other errors are raised."""
+    delay = 0.5
+    while True:
+        try:
+            return await call()
+        except ApiError as exc:
+            if not exc.transient:
+                raise
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, _STARTUP_BACKOFF_MAX_S)
+
+
 async def _maintain(
     hook: Webhook,
     *,
@@ -691,7 +708,7 @@ async def serve_webhook(
     on exit (other replicas keep serving; a Helm uninstall removes it).
     """
     store = _SecretStore(kube, settings) if settings.cert_secret else None
-    bundle = await _current_bundle(store, None, settings, clock())
+    bundle = await _answered(lambda: _current_bundle(store, None, settings, clock()))
     app = make_app(lookups=KubeLookups(kube), timeout_s=settings.lookup_timeout_s)
     runner = web.AppRunner(app, access_log=None)
     with tempfile.TemporaryDirectory(prefix="nodewright-webhook-") as files:
@@ -706,7 +723,7 @@ async def serve_webhook(
             if sockets:
                 hook.port = int(sockets[0].getsockname()[1])
             desired = configuration(settings, ca_bundle=bundle.ca_cert, port=hook.port)
-            await ensure_configuration(kube, desired)
+            await _answered(lambda: ensure_configuration(kube, desired))
             hook.registered = True
             _log.info(
                 "Serving admission webhook",
