@@ -18,18 +18,31 @@ A decision taken on a node cache that is behind the book's watermark (``Plan.beh
 writes only its releases: the pass is repeated once the cache caught up.
 
 The writes go through a :class:`Writer` (the scheduler's shell; a model of the API server in
-the tests). Each admission and release is a write of its own node, so a later version may
-write them concurrently without changing what is counted. Deciding is the kernel's job.
+the tests). Each admission and release is a write of its own node, so the releases of a pass
+may be written concurrently, and then its admissions (the shell passes ``together``, a
+bounded gather; this module does no I/O of its own): opening a batch of 100 costs a few
+round trips, not 100 (issue 15), and what is counted is unchanged (each write lands or not
+on its own precondition). Deciding is the kernel's job.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from shared.rollout import kernel
 from shared.rollout.book import BatchBook
+
+Write = Callable[[], Awaitable[bool]]
+Together = Callable[[Sequence[Write]], Awaitable[Sequence[bool]]]
+"""Runs writes (concurrently or not) and says whether each landed, in their order."""
+
+
+async def in_turn(writes: Sequence[Write]) -> Sequence[bool]:
+    """One write after the other (the default)."""
+    return [await w() for w in writes]
 
 
 class Writer(Protocol):
@@ -56,16 +69,18 @@ class Outcome:
     """Writes that did not land: the pass should be repeated soon."""
 
 
-async def run(decide: Callable[[], kernel.Plan], writer: Writer) -> Outcome:
+async def run(
+    decide: Callable[[], kernel.Plan], writer: Writer, *, together: Together = in_turn
+) -> Outcome:
     plan = decide()
     released: list[kernel.Release] = []
     lost = 0
     if plan.release:
-        for release in plan.release:
-            if await writer.write_release(release):
-                released.append(release)
-            else:
-                lost += 1
+        landed = list(
+            await together([functools.partial(writer.write_release, r) for r in plan.release])
+        )
+        released = [r for r, ok in zip(plan.release, landed, strict=True) if ok]
+        lost += landed.count(False)
         if released:
             # The slots of what was released are free now; nothing else is.
             plan = decide()
@@ -74,10 +89,9 @@ async def run(decide: Callable[[], kernel.Plan], writer: Writer) -> Outcome:
         return Outcome(plan, tuple(released), (), lost + 1)
     if plan.book != writer.book() and not await writer.write_book(plan.book):
         return Outcome(plan, tuple(released), (), lost + 1)
-    admitted: list[kernel.Admit] = []
-    for admit in plan.admit:
-        if await writer.write_admission(admit):
-            admitted.append(admit)
-        else:
-            lost += 1
+    landed = list(
+        await together([functools.partial(writer.write_admission, a) for a in plan.admit])
+    )
+    admitted = [a for a, ok in zip(plan.admit, landed, strict=True) if ok]
+    lost += landed.count(False)
     return Outcome(plan, tuple(released), tuple(admitted), lost)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -53,6 +53,9 @@ from shared.records.scheduler import Selection
 from shared.rollout import book as rollout_book, fleet, kernel
 
 NAME = "scheduler"
+CONCURRENT_WRITES = 16
+"""Admissions (or releases) of one pass in flight at once: a batch of 100 opens in a few
+round trips instead of 100 (issue 15); below the API client's own limit (qps_burst)."""
 _log = logging.getLogger("nodewright.scheduler")
 
 NODEWRIGHTS = path_of(group=api.GROUP, version=api.VERSION, plural=api.NODEWRIGHT_PLURAL)
@@ -192,7 +195,9 @@ class Scheduler:
             cr = written  # its resourceVersion is the one the book write must carry
         now = self.ctx.clock()
         writer = _PassWriter(self, cr)
-        outcome = await passing.run(lambda: fleet.decide(self._fleet(), cr, now), writer)
+        outcome = await passing.run(
+            lambda: fleet.decide(self._fleet(), cr, now), writer, together=_together
+        )
         cr = writer.cr  # as the book write left it
         for note in outcome.plan.events:
             _log.info("Changed batch state", extra={"nodewright": name, "change": note})
@@ -393,6 +398,23 @@ class _PassWriter:
             return False
         _log.info("Admitted Node", extra={"nodewright": name, "node": admit.node})
         return True
+
+
+async def _together(writes: Sequence[passing.Write]) -> list[bool]:
+    """:data:`passing.Together`: every write of a pass at once, at most CONCURRENT_WRITES in
+    flight; whether each landed, in order. A write that raises fails the pass (as before),
+    after the others finished: none is left running behind it."""
+    gate = asyncio.Semaphore(CONCURRENT_WRITES)
+
+    async def one(write: passing.Write) -> bool:
+        async with gate:
+            return await write()
+
+    results = await asyncio.gather(*(one(w) for w in writes), return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return [bool(r) for r in results]
 
 
 async def build(ctx: runtime.ServiceContext) -> None:

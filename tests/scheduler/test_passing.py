@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -298,7 +298,21 @@ async def _replica(world: World, turns: Turns, me: int, rng: random.Random, lag:
                 ctx=replace(ctx, nodes_seen=str(view.seen)),
             )
 
-        await passing.run(decide, writer)
+        await passing.run(decide, writer, together=_in_any_order(rng))
+
+
+def _in_any_order(rng: random.Random) -> passing.Together:
+    """Writes of one pass landing in any order, as the scheduler's concurrent writes may."""
+
+    async def together(writes: Sequence[passing.Write]) -> list[bool]:
+        order = list(range(len(writes)))
+        rng.shuffle(order)
+        landed: dict[int, bool] = {}
+        for i in order:
+            landed[i] = await writes[i]()
+        return [landed[i] for i in range(len(writes))]
+
+    return together
 
 
 async def _drive(world: World, rng: random.Random, *, replicas: int, steps: int, lag: int) -> None:

@@ -1,0 +1,47 @@
+"""The scheduler's shell writes a pass's admissions (or releases) concurrently, bounded, and
+says which landed in their order; a write that raises fails the pass after the others."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.scheduler import passing, service
+
+
+async def test_writes_run_concurrently_bounded_and_report_in_order() -> None:
+    in_flight = peak = 0
+
+    def write(i: int) -> passing.Write:
+        async def go() -> bool:
+            nonlocal in_flight, peak
+            in_flight += 1
+            peak = max(peak, in_flight)
+            await asyncio.sleep(0.01 * (i % 3))
+            in_flight -= 1
+            return i % 4 != 0
+
+        return go
+
+    landed = await service._together([write(i) for i in range(100)])
+    assert landed == [i % 4 != 0 for i in range(100)]
+    assert peak == service.CONCURRENT_WRITES
+
+
+async def test_a_write_that_raises_fails_the_pass_once_the_others_ended() -> None:
+    finished: list[int] = []
+
+    def write(i: int) -> passing.Write:
+        async def go() -> bool:
+            await asyncio.sleep(0.01)
+            if i == 3:
+                raise RuntimeError("refused")
+            finished.append(i)
+            return True
+
+        return go
+
+    with pytest.raises(RuntimeError, match="refused"):
+        await service._together([write(i) for i in range(40)])
+    assert sorted(finished) == [i for i in range(40) if i != 3]
