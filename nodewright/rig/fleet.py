@@ -82,6 +82,7 @@ class Fleet:
     _next_index: dict[str, int] = field(default_factory=dict)
     _log_starts: dict[Path, int] = field(default_factory=dict)
     _kubeconfigs: dict[str, Path] = field(default_factory=dict)
+    _webhook_port: int = 0
 
     def _kubectl(self, *args: str, stdin: str = "") -> str:
         done = subprocess.run(
@@ -133,7 +134,11 @@ class Fleet:
         if service == "validator":
             # The API server calls the webhook on loopback: there is no Service routing here.
             env.setdefault("NODEWRIGHT_WEBHOOK_HOST", "127.0.0.1")
-            env.setdefault("NODEWRIGHT_WEBHOOK_PORT", str(free_port()))
+            # One port for every replica (they share it, SO_REUSEPORT): one endpoint, as a
+            # Service gives them in a cluster.
+            if not self._webhook_port:
+                self._webhook_port = free_port()
+            env.setdefault("NODEWRIGHT_WEBHOOK_PORT", str(self._webhook_port))
             env.setdefault("NODEWRIGHT_WEBHOOK_URL", "https://127.0.0.1:{port}")
             env.setdefault("NODEWRIGHT_WEBHOOK_NAMESPACE", self.namespace)
         # Only the settings each service knows may be set: unknown NODEWRIGHT_* is an error.

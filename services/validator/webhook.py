@@ -717,7 +717,17 @@ async def serve_webhook(
         await runner.setup()
         maintainer: asyncio.Task[None] | None = None
         try:
-            site = web.TCPSite(runner, settings.host, settings.port, ssl_context=hook.ssl_context)
+            # reuse_port: replicas sharing a host (the rig, hostNetwork pods) bind one port and
+            # the kernel spreads connections over them, so every replica registers the same
+            # endpoint and none rewrites the configuration to point at itself. Only sockets of
+            # the same user can share it.
+            site = web.TCPSite(
+                runner,
+                settings.host,
+                settings.port,
+                ssl_context=hook.ssl_context,
+                reuse_port=True,
+            )
             await site.start()
             sockets = getattr(site._server, "sockets", None) or []
             if sockets:
