@@ -16,22 +16,42 @@ Prints one JSON object:
 - ``api_requests_by_service``: the same split by the service that made them, from each
   replica's ``nodewright_kube_requests_total`` (watches and the baseline's reads included);
 - ``events_published``: messages added to the event stream;
-- ``peak_rss_mb``: peak resident memory per service process (VmHWM).
+- ``peak_rss_mb``: peak resident memory per service process (VmHWM);
+- ``per_node``: API requests by the services, writes (POST/PUT/PATCH/DELETE) and Node
+  writes of the whole rig, and the services' peak RSS, each divided by N;
+- ``cpu_s``: CPU seconds (utime + stime) per service, summed over its replicas: since the
+  process started, and during the rollout alone;
+- ``conflicts``: 409 answers per service;
+- ``latency_s``: CR apply to the first cordon; per batch, its first admission to its last
+  (``batch_admission``); per node, its uncordon to the scheduler's release of its slot
+  (``release_lag``): p50, p90, p99 and max;
+- ``consumer_backlog_at_ready`` and ``backlog_cleared_after_s``: every durable consumer's
+  pending plus unacknowledged messages when the CR turned Ready, and how long until none;
+- ``load``: the machine's load averages at the start and at the end.
+
+``--profile DIR`` records each service replica with py-spy (when installed) into DIR.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
+import os
 import re
+import shutil
 import signal
 import ssl
+import subprocess
 import sys
 import time
 import urllib.request
 from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -39,8 +59,11 @@ from kubernetes_asyncio import client, config
 
 from nodewright import manifests
 from nodewright.rig import Rig, nodes
-from nodewright.rig.fleet import SERVICES, Fleet
+from nodewright.rig.fleet import SERVICES, Fleet, Replica
+from shared import nodestate
+from shared.informer import Informer
 from shared.kube import Kube, path_of
+from shared.records.scheduler import Selection
 
 _METRIC = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>[0-9.e+]+)$")
 
@@ -70,8 +93,9 @@ _OWN_METRIC = re.compile(
 )
 
 
-def service_requests(fleet: Fleet) -> dict[str, Counter[str]]:
-    """Per service, its requests by "VERB resource" (every replica's /metrics summed)."""
+def service_requests(fleet: Fleet, *, by_code: bool = False) -> dict[str, Counter[str]]:
+    """Per service, its requests by "VERB resource" (with ``by_code``: by HTTP code), every
+    replica's /metrics summed."""
     out: dict[str, Counter[str]] = {}
     for service, replicas in fleet.replicas.items():
         counts = out.setdefault(service, Counter())
@@ -83,9 +107,145 @@ def service_requests(fleet: Fleet) -> dict[str, Counter[str]]:
                 m = _OWN_METRIC.match(line)
                 if m:
                     labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group("labels")))
-                    key = f"{labels['verb']} {labels['resource']}"
+                    key = labels["code"] if by_code else f"{labels['verb']} {labels['resource']}"
                     counts[key] += int(float(m.group("value")))
     return out
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(replica: Replica) -> float:
+    """utime + stime of the replica's process so far (Linux /proc), 0 if it is gone."""
+    try:
+        fields = Path(f"/proc/{replica.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def cpu_by_service(fleet: Fleet) -> dict[str, float]:
+    return {s: sum(cpu_seconds(r) for r in fleet.replicas.get(s, [])) for s in SERVICES}
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """p50, p90, p99 and max (nearest rank), rounded to ms; {} for no values."""
+    if not values:
+        return {}
+    ordered = sorted(values)
+
+    def rank(q: float) -> float:
+        return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+    return {
+        "n": len(ordered),
+        "p50": round(rank(0.5), 3),
+        "p90": round(rank(0.9), 3),
+        "p99": round(rank(0.99), 3),
+        "max": round(ordered[-1], 3),
+    }
+
+
+@dataclass
+class Timeline:
+    """When each target node was first cordoned, uncordoned and released, and when each
+    batch's admissions were first seen, from a node watch of the benchmark's own (times
+    are this process's monotonic clock)."""
+
+    cr: str
+    first_cordon: float | None = None
+    cordoned: dict[str, float] = field(default_factory=dict)
+    uncordoned: dict[str, float] = field(default_factory=dict)
+    admitted: dict[str, float] = field(default_factory=dict)
+    released: dict[str, float] = field(default_factory=dict)
+    batch_of: dict[str, int] = field(default_factory=dict)
+
+    def on_change(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if new is None:
+            return
+        now = time.monotonic()
+        name = new["metadata"]["name"]
+        cordoned = bool((new.get("spec") or {}).get("unschedulable"))
+        selection = nodestate.read(new, nodestate.SCHEDULER, self.cr, Selection)
+        if selection is not None and name not in self.admitted:
+            self.admitted[name] = now
+            self.batch_of[name] = selection.batch
+        if cordoned and name not in self.cordoned:
+            self.cordoned[name] = now
+            if self.first_cordon is None:
+                self.first_cordon = now
+        if not cordoned and name in self.cordoned and name not in self.uncordoned:
+            self.uncordoned[name] = now
+        if selection is None and name in self.admitted and name not in self.released:
+            self.released[name] = now
+
+    def release_lags(self) -> list[float]:
+        return [self.released[n] - t for n, t in self.uncordoned.items() if n in self.released]
+
+    def batch_admission(self) -> list[float]:
+        """Per batch: its last admission seen minus its first."""
+        spans: dict[int, list[float]] = {}
+        for node, t in self.admitted.items():
+            spans.setdefault(self.batch_of[node], []).append(t)
+        return [max(ts) - min(ts) for ts in spans.values()]
+
+
+async def consumer_backlog(url: str) -> dict[str, int]:
+    """Every durable consumer's pending plus unacknowledged messages."""
+    nc = await nats.connect(url)
+    try:
+        return {
+            ci.name: int(ci.num_pending or 0) + int(ci.num_ack_pending or 0)
+            for ci in await nc.jetstream().consumers_info("NODEWRIGHT")
+        }
+    finally:
+        await nc.close()
+
+
+def load() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+@contextlib.contextmanager
+def profiled(fleet: Fleet, out: Path | None) -> Any:
+    """py-spy record of every replica into ``out`` while the block runs (nothing without
+    ``out``; a clear message when py-spy is not installed)."""
+    if out is None:
+        yield
+        return
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        raise SystemExit("--profile needs py-spy: .venv/bin/pip install py-spy")
+    out.mkdir(parents=True, exist_ok=True)
+    procs = [
+        subprocess.Popen(
+            [
+                spy,
+                "record",
+                "--pid",
+                str(r.popen.pid),
+                "--format",
+                "speedscope",
+                "--output",
+                str(out / f"{r.name}.speedscope.json"),
+                "--rate",
+                "50",
+                "--nonblocking",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for reps in fleet.replicas.values()
+        for r in reps
+    ]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(30)
 
 
 async def stream_messages(url: str) -> int:
@@ -105,6 +265,7 @@ def parse_duration(text: str) -> float:
 
 
 async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any]:
+    load_start = load()
     cfg = client.Configuration()
     await config.load_kube_config(
         config_file=str(rig.endpoints.kubeconfig), client_configuration=cfg
@@ -118,8 +279,25 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
         await nodes.wait_ready(kube, names, timeout_s=600)
         await asyncio.to_thread(fleet.start_all)
         await asyncio.sleep(2)  # let the services' caches settle before measuring
+        idle_rss = {
+            r.name: round(r.rss_bytes() / 2**20, 1)
+            for s in SERVICES
+            for r in fleet.replicas.get(s, [])
+        }
+        timeline = Timeline(cr="bench")
+        watch = Informer(
+            kube=kube,
+            path=path_of(plural="nodes"),
+            on_change=timeline.on_change,
+            label_selector="nodepool=gpu",
+            name="bench-timeline",
+        )
+        watcher = asyncio.create_task(watch.run(), name="bench-timeline")
+        await asyncio.wait_for(watch.synced.wait(), 60)
         before_api = api_requests(rig)
         before_own = service_requests(fleet)
+        before_codes = service_requests(fleet, by_code=True)
+        before_cpu = cpu_by_service(fleet)
         before_events = await stream_messages(rig.endpoints.nats_url)
         cr = {
             "apiVersion": "nodewright.nvidia.com/v1alpha1",
@@ -131,28 +309,54 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
                 "packages": {"tuning": {"version": "1.0.0", "image": "registry.example/tuning"}},
             },
         }
-        t0 = time.monotonic()
-        await manifests.apply(kube, cr)
-        path = f"{manifests.NODEWRIGHTS}/bench"
-        while True:
-            obj = await kube.get(path)
-            conditions = (obj.get("status") or {}).get("conditions") or []
-            if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
-                break
-            if time.monotonic() - t0 > args.timeout:
-                raise SystemExit(f"not Ready after {args.timeout}s; logs in {rig.dir}")
-            fleet.check_alive()
-            await asyncio.sleep(0.5)
-        wall = time.monotonic() - t0
+        with profiled(fleet, args.profile):
+            t0 = time.monotonic()
+            await manifests.apply(kube, cr)
+            path = f"{manifests.NODEWRIGHTS}/bench"
+            while True:
+                obj = await kube.get(path)
+                conditions = (obj.get("status") or {}).get("conditions") or []
+                if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+                    break
+                if time.monotonic() - t0 > args.timeout:
+                    raise SystemExit(f"not Ready after {args.timeout}s; logs in {rig.dir}")
+                fleet.check_alive()
+                await asyncio.sleep(0.5)
+            wall = time.monotonic() - t0
         after_api = api_requests(rig)
         after_own = service_requests(fleet)
+        after_codes = service_requests(fleet, by_code=True)
+        after_cpu = cpu_by_service(fleet)
         after_events = await stream_messages(rig.endpoints.nats_url)
+        backlog_at_ready = await consumer_backlog(rig.endpoints.nats_url)
+        cleared_after: float | None = None
+        while time.monotonic() - t0 - wall < 300:
+            if not any((await consumer_backlog(rig.endpoints.nats_url)).values()):
+                cleared_after = round(time.monotonic() - t0 - wall, 1)
+                break
+            await asyncio.sleep(1)
+        await asyncio.sleep(1)  # the last releases reach the timeline
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
         listed = await kube.get(path_of(plural="nodes"), labelSelector="nodepool=gpu")
         assert len(listed["items"]) == args.nodes
     budget = max(1, math.floor(args.nodes * args.budget_percent / 100))
     stage = parse_duration(args.stage_duration)
     minimum = math.ceil(args.nodes / budget) * 4 * stage
     delta = after_api - before_api
+    own = {s: after_own[s] - before_own.get(s, Counter()) for s in after_own}
+    peak_rss = {
+        r.name: round(r.peak_rss_bytes() / 2**20, 1)
+        for s in SERVICES
+        for r in fleet.replicas.get(s, [])
+    }
+    writes = sum(v for k, v in delta.items() if k.split(" ")[0] in _WRITES)
+    node_writes = sum(
+        v
+        for k, v in delta.items()
+        if k.split(" ")[0] in _WRITES and k.split(" ")[1] in ("nodes", "nodes/status")
+    )
+    n = args.nodes
     return {
         "nodes": args.nodes,
         "budget": budget,
@@ -164,18 +368,45 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
         "api_requests": dict(sorted(delta.items(), key=lambda kv: -kv[1])),
         "api_requests_by_service": {
             service: {
-                "total": sum((after_own[service] - before_own.get(service, Counter())).values()),
-                **dict((after_own[service] - before_own.get(service, Counter())).most_common(8)),
+                "total": sum(own[service].values()),
+                **dict(own[service].most_common(8)),
             }
             for service in sorted(after_own)
         },
         "events_published": after_events - before_events,
-        "peak_rss_mb": {
-            r.name: round(r.peak_rss_bytes() / 2**20, 1)
-            for s in SERVICES
-            for r in fleet.replicas.get(s, [])
+        "peak_rss_mb": peak_rss,
+        "idle_rss_mb": idle_rss,
+        "per_node": {
+            "service_requests": round(sum(sum(c.values()) for c in own.values()) / n, 2),
+            "writes": round(writes / n, 2),
+            "node_writes": round(node_writes / n, 2),
+            "peak_rss_mib": round(sum(peak_rss.values()) / n, 3),
         },
+        "cpu_s": {
+            "total": {s: round(v, 2) for s, v in after_cpu.items()},
+            "rollout": {s: round(after_cpu[s] - before_cpu.get(s, 0.0), 2) for s in after_cpu},
+            "sum_total": round(sum(after_cpu.values()), 2),
+            "sum_rollout": round(sum(after_cpu.values()) - sum(before_cpu.values()), 2),
+        },
+        "conflicts": {
+            s: after_codes[s]["409"] - before_codes.get(s, Counter())["409"]
+            for s in sorted(after_codes)
+        },
+        "latency_s": {
+            "apply_to_first_cordon": (
+                round(timeline.first_cordon - t0, 3) if timeline.first_cordon else None
+            ),
+            "batch_admission": percentiles(timeline.batch_admission()),
+            "release_lag": percentiles(timeline.release_lags()),
+        },
+        "consumer_backlog_at_ready": backlog_at_ready,
+        "backlog_cleared_after_s": cleared_after,
+        "load": {"start": load_start, "end": load()},
+        "measured_at": datetime.now().astimezone().isoformat(timespec="seconds"),
     }
+
+
+_WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY"})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-percent", type=int, default=10)
     p.add_argument("--stage-duration", default="1s")
     p.add_argument("--timeout", type=float, default=3600)
+    p.add_argument("--profile", type=Path, default=None, metavar="DIR")
     args = p.parse_args(argv)
     # SIGTERM (timeout, Ctrl-C from a wrapper) must still run the cleanup below.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
