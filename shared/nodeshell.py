@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
@@ -153,6 +153,14 @@ async def apply(
     where = {"nodewright": decision.cr, "node": decision.node}
     if prepare is not None and not await prepare():
         return STALE_RETRY_S
+    # Pods too young to delete are left for a later pass, and do not ask for the fence
+    # write on their own: a finished pod waits MIN_POD_AGE_S, and every change of the node
+    # meanwhile (dozens) otherwise cost a precondition-only PATCH each (issue 15).
+    at = now()
+    young = [p for p in decision.delete if _age_s(p, at) < MIN_POD_AGE_S]
+    again_young = min((MIN_POD_AGE_S - _age_s(p, at) for p in young), default=None)
+    if young:
+        decision = replace(decision, delete=tuple(p for p in decision.delete if p not in young))
     fenced = clock()
     cached = nodes.get(decision.node)
     if cached is None:
@@ -173,6 +181,8 @@ async def apply(
             written()
         unpublished = outbox.merged(unpublished, decision.events)
     again = decision.requeue_after
+    if again_young is not None:
+        again = _sooner(again, again_young)
     for body in (*decision.config_maps, *decision.create):
         if decision.fence and clock() - fenced > CREATE_WITHIN_S:
             # The write that proved the decision current is too old to rely on.
@@ -190,12 +200,7 @@ async def apply(
                     "role": labels.get("nodewright.nvidia.com/role"),
                 },
             )
-    at = now()
     for pod in decision.delete:
-        age = (at - pod.created).total_seconds() if pod.created is not None else MIN_POD_AGE_S
-        if age < MIN_POD_AGE_S:
-            again = _sooner(again, MIN_POD_AGE_S - age)
-            continue
         if not await objects.delete_pod(pod):
             again = STALE_RETRY_S  # it changed since the decision: decide again
     if unpublished:
@@ -205,6 +210,11 @@ async def apply(
         if flushed is not None:
             again = _sooner(again, flushed)
     return again
+
+
+def _age_s(pod: PodRef, at: datetime) -> float:
+    """How old ``pod`` is at ``at``; old enough to delete when its creation is unknown."""
+    return (at - pod.created).total_seconds() if pod.created is not None else MIN_POD_AGE_S
 
 
 async def flush_then(

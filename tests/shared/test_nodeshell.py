@@ -297,9 +297,13 @@ async def test_a_young_pod_is_not_deleted_until_no_replica_can_be_about_to_creat
     )
     assert got == pytest.approx(5.0), "looked at again once it is old enough"
     assert objects.deleted == []
+    # Issue 15: while only young pods wait, no fence write either (each pass made a
+    # precondition-only PATCH: ~60 per node and service in a small rollout).
+    assert nodes.patches == [], "nothing to delete yet: nothing to fence"
     old = T0 + timedelta(seconds=nodeshell.MIN_POD_AGE_S)
     await nodeshell.apply(decision, nodes=nodes, objects=objects, bus=FakeBus(), now=lambda: old)
     assert objects.deleted == ["apply"]
+    assert len(nodes.patches) == 1, "the delete itself is fenced"
 
 
 async def test_a_create_too_long_after_its_write_is_decided_again() -> None:
