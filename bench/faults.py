@@ -131,6 +131,10 @@ class Report:
     msg_ids_repeated: int = 0
     backlog_cleared_after_s: float | None = None
     backlog_at_end: dict[str, int] = field(default_factory=dict)
+    unclean_stops: dict[str, int] = field(default_factory=dict)
+    """Replicas that did not exit 0 on SIGTERM within the 30 s grace period (-9: killed
+    after it), or that had exited on their own before."""
+    stop_s: float = 0.0
     log_tracebacks: int = 0
     """Tracebacks the services logged (expected faults are one warning each, no traceback)."""
     log_errors: dict[str, int] = field(default_factory=dict)
@@ -437,7 +441,10 @@ async def run(plan: Plan, rig: Rig) -> Report:
             await asyncio.to_thread(fleet.start_all, replicas=plan.replicas)
             await _rollout(plan, rig, fleet, proxy, kube, report)
     finally:
-        await asyncio.to_thread(fleet.stop)
+        t = time.monotonic()
+        codes = await asyncio.to_thread(fleet.stop, 30.0)
+        report.stop_s = round(time.monotonic() - t, 1)
+        report.unclean_stops = {name: code for name, code in sorted(codes.items()) if code != 0}
         proxy.stop()
     _read_logs(rig, report)
     report.load_end = _load()

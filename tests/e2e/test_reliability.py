@@ -42,6 +42,7 @@ def test_200_nodes_under_kills_outages_latency_and_a_partition_roll_out_exactly_
     assert report.changes_over_budget == 0
     assert report.max_disrupted <= report.budget
     assert report.left_cordoned == []
+    assert report.log_tracebacks == 0, report.log_errors
     assert report.events_missing == {}, "transitions that reached Kubernetes but not the stream"
     assert report.events_repeated == {}, "transitions published twice"
     assert report.events_unexpected == {}
@@ -50,6 +51,7 @@ def test_200_nodes_under_kills_outages_latency_and_a_partition_roll_out_exactly_
     assert report.backlog_cleared_after_s <= 60
     assert report.log_tracebacks == 0, report.log_errors
     assert report.log_errors == {}
+    assert report.unclean_stops == {}, "every replica stops cleanly within its grace period"
 
 
 def test_a_rollout_keeps_going_with_2_s_added_to_every_api_call() -> None:
@@ -72,3 +74,4 @@ def test_a_rollout_keeps_going_with_2_s_added_to_every_api_call() -> None:
     assert report.events_missing == {}
     assert report.events_repeated == {}
     assert report.left_cordoned == []
+    assert report.log_tracebacks == 0, report.log_errors
