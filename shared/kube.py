@@ -153,9 +153,12 @@ class Kube:
     outage: Outage = field(default_factory=api_server_outage, compare=False)
 
     async def ready(self) -> bool:
-        """True when the API server answers /readyz."""
-        await self.request("GET", "/readyz", raw=True)
-        return True
+        """True unless this process's requests find the API server absent (an outage under
+        way, :class:`Outage`). No request of its own: the probe ran every few seconds in
+        every pod (API load for nothing), and behind a slow API server (2 s per call, issue
+        14) its GET outlasted the probe's timeout, so every replica was unready, and never
+        ready after a restart, while its work went on."""
+        return self.outage.since is None
 
     async def _send(
         self,

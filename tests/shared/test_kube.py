@@ -83,3 +83,20 @@ async def test_the_client_reads_no_proxy_or_netrc_from_the_environment(
         session = kube.api.rest_client.pool_manager
         assert isinstance(session, aiohttp.ClientSession)
         assert session.trust_env is False
+
+
+async def test_readiness_follows_the_outage_without_a_request_of_its_own() -> None:
+    sent: list[str] = []
+
+    class Recording(Kube):
+        async def request(self, method: str, path: str, **_: object) -> dict[str, object]:
+            sent.append(f"{method} {path}")
+            return {}
+
+    kube = Recording(api=None)  # type: ignore[arg-type]
+    assert await kube.ready()
+    kube.outage.failed("connection refused")
+    assert not await kube.ready(), "an outage under way: not ready"
+    kube.outage.answered()
+    assert await kube.ready()
+    assert sent == [], "the probe costs the API server nothing"
