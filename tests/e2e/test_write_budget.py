@@ -55,8 +55,8 @@ async def test_a_small_rollout_writes_each_node_at_most_the_documented_number_of
     after_all = service_requests(services.fleet)
     after = _node_writes(after_all)
     for service in sorted(after_all):
-        print(service, dict((after_all[service] - before_all.get(service, Counter())).most_common()))
-    print(service_requests(services.fleet, by_code=True))
+        spent = after_all[service] - before_all.get(service, Counter())
+        print(service, dict(spent.most_common()))
     by_service = {s: after[s] - before.get(s, 0) for s in after}
     per_node = sum(by_service.values()) / NODES
     print(f"Node writes per node: {per_node:.1f} (by service: {by_service})")
