@@ -51,6 +51,7 @@ import aiohttp
 import nats
 from kubernetes_asyncio import client, config
 
+from bench.rollout import consumer_backlog
 from nodewright import manifests
 from nodewright.rig import Rig, nodes
 from nodewright.rig.faults import FaultProxy
@@ -386,19 +387,6 @@ def _identity(ev: events.AnyEvent) -> str:
     return f"{ev.node} {ev.kind}" + (f" {getattr(ev, 'package', '')}/{stage}" if stage else "")
 
 
-async def _backlog(url: str) -> dict[str, int]:
-    nc = await nats.connect(url)
-    try:
-        js = nc.jetstream()
-        out: dict[str, int] = {}
-        for ci in await js.consumers_info("NODEWRIGHT"):
-            name = ci.name
-            out[name] = int(ci.num_pending or 0) + int(ci.num_ack_pending or 0)
-        return out
-    finally:
-        await nc.close()
-
-
 # ---- the run -----------------------------------------------------------------------------
 
 
@@ -493,13 +481,13 @@ async def _rollout(
         # The consumers' backlog: how long after Ready until every consumer is caught up.
         ready_at = time.monotonic()
         while time.monotonic() - ready_at < 120:
-            backlog = await _backlog(rig.endpoints.nats_url)
+            backlog = await consumer_backlog(rig.endpoints.nats_url)
             if not any(backlog.values()):
                 report.backlog_cleared_after_s = round(time.monotonic() - ready_at, 1)
                 break
             await asyncio.sleep(1)
         report.backlog_at_end = {
-            k: v for k, v in (await _backlog(rig.endpoints.nats_url)).items() if v
+            k: v for k, v in (await consumer_backlog(rig.endpoints.nats_url)).items() if v
         }
         await asyncio.sleep(2)  # the last pod writes reach both ledgers
     report.samples = len(disruption.samples)
