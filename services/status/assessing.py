@@ -73,14 +73,19 @@ class Observed:
 
     facts: NodeFacts
     record: StatusRecord | None = None
-    record_present: bool = False
-    """The status annotation exists (it may not decode: then it is rewritten)."""
+    record_raw: str | None = None
+    """The status annotation as this pass read it (it may not decode: then it is
+    rewritten); the record's write replaces exactly this value or nothing."""
     condition: Mapping[str, Any] | None = None
     """The node condition ``nodewright.nvidia.com/<cr>``, as the API returned it."""
 
     @property
     def name(self) -> str:
         return self.facts.name
+
+    @property
+    def record_present(self) -> bool:
+        return self.record_raw is not None
 
 
 def condition_type(cr: str) -> str:
@@ -117,7 +122,7 @@ def observe(node: Mapping[str, Any], cr: str) -> Observed:
     return Observed(
         facts=progress.facts(node, cr),
         record=record,
-        record_present=nodestate.key(nodestate.STATUS, cr) in nodestate.annotations_of(node),
+        record_raw=nodestate.annotations_of(node).get(nodestate.key(nodestate.STATUS, cr)),
         condition=_find_condition(node, condition_type(cr)),
     )
 
@@ -367,6 +372,39 @@ def assess(
             )
         )
     return views
+
+
+# ---- what the node itself carries -----------------------------------------------------------
+
+_COMPARTMENT_TURN: Final = frozenset(
+    {
+        reasons.WAITING_FOR_BATCH,
+        reasons.BUDGET_EXHAUSTED,
+        reasons.CLUSTER_BUDGET_EXHAUSTED,
+        reasons.SHARED_BUDGET_EXHAUSTED,
+    }
+)
+"""Waits whose kernel message describes the compartment (which batch is in flight, how many
+nodes are busy and which): true for every waiting member at once, and changing with each
+node another admits or releases."""
+
+
+def recorded(cr: str, view: NodeView) -> Reason:
+    """The reason the node's own status record and condition carry: the view's, except that a
+    wait for the compartment's turn keeps its code and says where the details are. A record
+    that repeated the compartment's message would be rewritten on every waiting node whenever
+    any other node moved (issue 15); the counts and the nodes holding the budget are the
+    NodeWright's ``status.compartments`` and ``nodeDetails``, written once per change."""
+    if view.reason.code not in _COMPARTMENT_TURN:
+        return view.reason
+    return Reason(
+        code=view.reason.code,
+        message=truncate(
+            f"waiting for its turn in compartment {view.compartment}; NodeWright {cr}'s "
+            "status.compartments says what the compartment waits for",
+            MESSAGE_MAX,
+        ),
+    )
 
 
 # ---- why a compartment waits ---------------------------------------------------------------

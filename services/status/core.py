@@ -29,9 +29,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal
 
+import msgspec
+
 from services.status import assessing
 from services.status.assessing import NodeView, Observed
-from shared import api, progress, reasons
+from shared import api, nodestate, progress, reasons
 from shared.progress import NodeFacts
 from shared.records.status import StatusRecord
 from shared.rollout import kernel
@@ -496,29 +498,44 @@ class NodeUpdate:
     condition: dict[str, Any] | None
     """The node condition to set; None removes it."""
     write_condition: bool
+    replaces: str | None = None
+    """The record's annotation value the update was computed from (None: there was none)."""
 
 
 def _rfc3339(at: datetime) -> str:
     return assessing.to_second(at).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+_STATE_TEXT: Final[Mapping[api.NodeState, str]] = {
+    "InProgress": "NodeWright is changing the node",
+    "Complete": "every package is at its desired version",
+}
+
+
 def node_condition(
     cr: str, view: NodeView, current: Mapping[str, Any] | None, now: datetime
 ) -> dict[str, Any]:
-    """The node condition for ``view``: True when complete; reason the phase, message the
-    machine reason and its text. lastTransitionTime is kept while the status is unchanged."""
+    """The node condition for ``view``: True when complete; reason the node's state, message
+    the machine reason and its text where the node waits, is blocked or failed. A node in
+    progress says only that: each stage and check changes the step, and a condition naming it
+    would cost a node write each (issue 15); the status record and ``nodewright node status``
+    name the step. lastTransitionTime is kept while the status is unchanged."""
     status: ConditionStatus = "True" if view.phase == "Complete" else "False"
     stamp = _rfc3339(now)
     transition = stamp
     if current is not None and current.get("status") == status:
         transition = str(current.get("lastTransitionTime") or stamp)
+    text = _STATE_TEXT.get(view.state)
+    if text is None:
+        reason = assessing.recorded(cr, view)
+        text = f"{reason.code}: {reason.message}"
+    elif view.state == "InProgress":
+        text += f" ({cr}); `nodewright node status {view.name}` shows the step"
     return {
         "type": assessing.condition_type(cr),
         "status": status,
-        "reason": view.phase,
-        "message": assessing.truncate(
-            f"{view.reason.code}: {view.reason.message}", assessing.MESSAGE_MAX
-        ),
+        "reason": view.state,
+        "message": assessing.truncate(text, assessing.MESSAGE_MAX),
         "lastTransitionTime": transition,
         "lastHeartbeatTime": stamp,
     }
@@ -549,10 +566,13 @@ def node_updates(
                         write_record=obs.record_present,
                         condition=None,
                         write_condition=obs.condition is not None,
+                        replaces=obs.record_raw,
                     )
                 )
             continue
-        record = StatusRecord(phase=view.phase, reason=view.reason, since=view.since)
+        record = StatusRecord(
+            phase=view.phase, reason=assessing.recorded(cr, view), since=view.since
+        )
         write_record = record != obs.record
         condition = node_condition(cr, view, obs.condition, now)
         write_condition = _condition_differs(condition, obs.condition)
@@ -564,9 +584,34 @@ def node_updates(
                     write_record=write_record,
                     condition=condition,
                     write_condition=write_condition,
+                    replaces=obs.record_raw,
                 )
             )
     return out
+
+
+def record_patch(cr: str, update: NodeUpdate) -> tuple[Literal["merge", "json"], Any]:
+    """The patch (kind, body) writing ``update``'s record. When the node had one: a JSON patch
+    (RFC 6902) that ``test``s it is still the value the update was computed from, then
+    replaces or removes it, a compare-and-swap of the status service's own annotation only
+    (another status replica's newer record refuses it; a change by any other service does
+    not). When it had none: a merge patch adding it (a JSON patch cannot test for absence,
+    and ``add`` fails on a node without annotations)."""
+    value = None if update.record is None else msgspec.json.encode(update.record).decode()
+    if update.replaces is None:
+        return "merge", nodestate.patch(nodestate.STATUS, cr, update.record)
+    path = "/metadata/annotations/" + _pointer(nodestate.key(nodestate.STATUS, cr))
+    ops: list[dict[str, Any]] = [{"op": "test", "path": path, "value": update.replaces}]
+    if value is None:
+        ops.append({"op": "remove", "path": path})
+    else:
+        ops.append({"op": "replace", "path": path, "value": value})
+    return "json", ops
+
+
+def _pointer(token: str) -> str:
+    """``token`` as one JSON Pointer (RFC 6901) reference token."""
+    return token.replace("~", "~0").replace("/", "~1")
 
 
 def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,8 +4,9 @@ traffic into Kubernetes Events.
 For each NodeWright (the work key) it reads the cached CR, its DeploymentPolicy and every node
 that is a target or carries a record of the CR, asks :mod:`services.status.core` for the node
 views, the CR status and the per-node writes, then writes each node's status record (merge
-patch) and node condition (strategic merge patch on ``nodes/<name>/status``), both with the
-node's resourceVersion as precondition and through to the cache, and finally, once per pass
+patch; a compare-and-swap of that annotation alone when there was one) and node condition
+(strategic merge patch on ``nodes/<name>/status``), both through to the cache and neither
+with the node's resourceVersion as precondition (see ``_write_node``), and finally, once per pass
 and only if it changed, the CR status (merge patch on ``/status``, also with a
 resourceVersion precondition: a stale pass is refused and re-run). When the CR is gone it
 removes its status records and conditions from the nodes. Each pass also replaces the
@@ -22,7 +23,8 @@ raw consumer of ``nw.dlq.>`` reads every message, whatever its payload; it never
 dead-letters anything itself); verbose mode adds one per stream event, written before the
 ack. They are events.k8s.io/v1 Events, counted in a series when the same thing recurs. The
 web page (``services.status.webpage``) is served on the health port. Any replica may do any
-of it: writes are preconditioned and Event names deterministic. Deciding is the core's job.
+of it: the record's write is a compare-and-swap, the CR status's is preconditioned and
+Event names are deterministic. Deciding is the core's job.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from prometheus_client.core import GaugeMetricFamily
 from services.status import assessing, core, kube_events, metrics, webpage
 from services.status.config import Settings
 from shared import api, events, nodestate, progress, runtime, streaming, subjects
-from shared.controller import Controller, patch_node
+from shared.controller import Controller
 from shared.informer import Informer, strip_managed_fields
 from shared.kube import JSON, ApiError, path_of
 from shared.rollout import fleet
@@ -366,36 +368,41 @@ class Status:
         return all(results)
 
     async def _write_node(self, cr: str, update: core.NodeUpdate) -> bool:
-        """Write one node's status record, then its condition; False if the node changed
-        meanwhile (the pass is re-run on fresh data)."""
-        cached = self.nodes.get(update.node)
-        if cached is None:
+        """Write one node's status record, then its condition; False if the node is gone
+        meanwhile.
+
+        Neither write carries the node's resourceVersion: the status service is the only
+        writer of both, and what it writes is recomputed from the node on every change of
+        it. A write made on a view that another service's write overtook is corrected by the
+        pass that write starts; with a precondition, each such race cost a refused write
+        and a pass over every node (about a third of the status service's Node writes were
+        409s, issue 15)."""
+        if self.nodes.get(update.node) is None:
             return True  # the node is gone, and its status with it
         if update.write_record:
-            body = nodestate.patch(
-                nodestate.STATUS,
-                cr,
-                update.record,
-                resource_version=str(cached["metadata"]["resourceVersion"]),
-            )
-            if not await patch_node(self.ctx.kube, self.nodes, update.node, body):
-                return self._stale(cr, update.node, "record")
+            kind, body = core.record_patch(cr, update)
+            try:
+                written = await self.ctx.kube.patch(
+                    path_of(plural="nodes", name=update.node), body, kind=kind
+                )
+            except ApiError as exc:
+                if exc.not_found or exc.status == 422:
+                    # Gone, or its record is no longer the one this pass read (422: the
+                    # JSON patch's test failed): the pass runs again on fresh data.
+                    return self._stale(cr, update.node, "record")
+                raise
+            self.nodes.observe(written)
             self._writes.labels("record", "written").inc()
-            cached = self.nodes.get(update.node) or cached
         if update.write_condition:
             entry = update.condition or {"type": assessing.condition_type(cr), "$patch": "delete"}
-            body = {
-                "metadata": {"resourceVersion": cached["metadata"]["resourceVersion"]},
-                "status": {"conditions": [entry]},
-            }
             try:
                 written = await self.ctx.kube.patch(
                     path_of(plural="nodes", name=update.node, subresource="status"),
-                    body,
+                    {"status": {"conditions": [entry]}},
                     kind="strategic",
                 )
             except ApiError as exc:
-                if exc.conflict or exc.not_found:
+                if exc.not_found:
                     return self._stale(cr, update.node, "condition")
                 raise
             self.nodes.observe(written)

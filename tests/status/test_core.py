@@ -3,6 +3,7 @@ the per-node writes, computed from observed state alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Mapping
@@ -762,7 +763,7 @@ def test_the_node_condition_keeps_its_transition_time_while_its_status_is_unchan
     running["status"] = waiting["status"]
     (update,) = _updates(running, now=T1)
     assert update.condition is not None
-    assert (update.condition["status"], update.condition["reason"]) == ("False", "Running")
+    assert (update.condition["status"], update.condition["reason"]) == ("False", "InProgress")
     assert update.condition["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     done = _complete("b")
     done["status"] = _carrying(running, update)["status"]
@@ -772,6 +773,98 @@ def test_the_node_condition_keeps_its_transition_time_while_its_status_is_unchan
         "True",
         "2026-01-01T00:10:00Z",
     )
+
+
+def test_a_node_in_progress_keeps_its_condition_from_stage_to_stage() -> None:
+    """Only the status record names the step: a condition naming it cost a node write per
+    stage and check (issue 15)."""
+    (first,) = _updates(_running("b"), now=T0)
+    running = _carrying(_running("b"), first)
+    checking = _carrying(
+        node(
+            "b",
+            records={
+                nodestate.SCHEDULER: _sel(),
+                nodestate.DRAINER: DRAINED,
+                nodestate.EXECUTOR: _exe(**{"nvidia-tuned": _pkg("succeeded", stage="apply")}),
+            },
+        ),
+        first,
+    )
+    checking["status"] = running["status"]
+    (update,) = _updates(checking, now=T1)
+    assert update.record is not None
+    assert update.record.reason is not None
+    assert first.record is not None
+    assert first.record.reason is not None
+    assert (first.record.reason.code, update.record.reason.code) == ("StageRunning", "Validating")
+    assert (update.write_record, update.write_condition) == (True, False)
+    assert first.condition is not None
+    assert first.condition["reason"] == "InProgress"
+    assert "nodewright node status b" in first.condition["message"]
+
+
+def _waiting_view(message: str) -> assessing.NodeView:
+    (view,), _ = status_helpers.assess(BASE, None, _observed(node("w")), T0)
+    return dataclasses.replace(view, reason=Reason(code="WaitingForBatch", message=message))
+
+
+def test_a_waiting_node_is_not_rewritten_when_other_nodes_move() -> None:
+    """The kernel's message for a compartment's turn counts and names other nodes; the
+    node's own record and condition keep its code only, so they stay as they are while the
+    batch before it runs and is released."""
+    first_view = _waiting_view("waiting for batch 1 of compartment __default__ to finish")
+    observed = _observed(node("w"))
+    (first,) = core.node_updates(CR, [first_view], observed, T0)
+    assert first.record is not None
+    assert first.record.reason is not None
+    assert first.record.reason.code == "WaitingForBatch"
+    assert "batch 1" not in first.record.reason.message
+    assert first.condition is not None
+    assert first.condition["message"].startswith("WaitingForBatch: ")
+    later = _observed(_carrying(node("w"), first))
+    for message in (
+        "2 nodes of compartment __default__'s last batch are being released",
+        "1 nodes of compartment __default__'s last batch are being released",
+        "waiting for batch 2 of compartment __default__ to finish",
+    ):
+        assert core.node_updates(CR, [_waiting_view(message)], later, T1) == []
+    budget = dataclasses.replace(
+        first_view,
+        reason=Reason(code="BudgetExhausted", message="1 of 1 budgeted nodes are busy: a"),
+    )
+    (changed,) = core.node_updates(CR, [budget], later, T1)
+    assert changed.record is not None
+    assert changed.record.reason is not None
+    assert changed.record.reason.code == "BudgetExhausted"
+    assert "budgeted nodes" not in changed.record.reason.message
+
+
+def test_a_record_write_replaces_only_the_value_it_was_computed_from() -> None:
+    """A compare-and-swap of the status annotation alone: JSON patch test + replace (or
+    remove) when there was one, a plain merge patch adding it when there was none."""
+    (added,) = _updates(_complete("a"))
+    assert added.replaces is None
+    kind, body = core.record_patch(CR, added)
+    assert kind == "merge"
+    assert body == nodestate.patch(nodestate.STATUS, CR, added.record)
+    carried = _carrying(_complete("a"), added)
+    raw = nodestate.annotations_of(carried)[nodestate.key(nodestate.STATUS, CR)]
+    (removal,) = _updates(_carrying(_complete("a", labels={"nodepool": "cpu"}), added))
+    assert removal.replaces == raw
+    kind, ops = core.record_patch(CR, removal)
+    path = "/metadata/annotations/status.nodewright.nvidia.com~1gpu-node-tuning"
+    assert (kind, ops) == (
+        "json",
+        [{"op": "test", "path": path, "value": raw}, {"op": "remove", "path": path}],
+    )
+    failed = _carrying(_failed("a"), added)
+    (update,) = _updates(failed)
+    kind, ops = core.record_patch(CR, update)
+    assert kind == "json"
+    assert ops[0] == {"op": "test", "path": path, "value": raw}
+    assert ops[1]["op"] == "replace"
+    assert msgspec.json.decode(ops[1]["value"])["phase"] == "Failed"
 
 
 def test_since_carries_over_while_phase_and_reason_stay() -> None:
