@@ -78,6 +78,9 @@ def service_permissions(service: str, *, stream: str) -> dict[str, Any]:
     publish = [subjects.kind_filter(kind) for kind in PUBLISHES[service]]
     publish.append(subjects.dead_letter(service))
     publish += _stream_admin(stream)
+    # The last message on a subject: is an old outbox event on the stream already?
+    # (shared.nodeshell.BusEvents)
+    publish.append(f"$JS.API.STREAM.MSG.GET.{stream}")
     for durable in CONSUMERS[service]:
         publish += _consumer(stream, durable)
     return {"publish": {"allow": publish}, "subscribe": {"allow": ["_INBOX.>"]}}

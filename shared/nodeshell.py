@@ -16,9 +16,10 @@
    with its UID and resourceVersion as preconditions and only once it is
    :data:`MIN_POD_AGE_S` old;
 4. publish the events, which step 2 wrote into the owner's outbox on the node in the same
-   patch as the transition they describe (``shared.outbox``), then clear the outbox
-   (:func:`flush`; preconditioned too). An outbox left by a writer that died before it
-   published is published by the next pass of the key, whoever makes it.
+   patch as the transition they describe (``shared.outbox``; the events of the previous
+   transition the stream holds leave the outbox in that same patch: no write clears it).
+   An outbox left by a writer that died before it published is published by the next pass
+   of the key, whoever makes it (:func:`flush`).
 
 Why both bounds: a replica may decide to create a pod it has not seen yet in its cache
 (another replica just created it); its create then meets the pod (AlreadyExists) as long as
@@ -38,8 +39,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
@@ -50,7 +51,6 @@ from shared import events, nodestate, outbox
 from shared.decisions import JSON, Keep, NodeDecision, PodRef, Remove, Write
 from shared.informer import Informer
 from shared.kube import ApiError, Kube, path_of
-from shared.streaming import Publisher
 
 _log = logging.getLogger("nodewright.nodeshell")
 
@@ -60,6 +60,14 @@ STALE_RETRY_S: Final = 0.5
 CREATE_WITHIN_S: Final = 5.0
 """A pod is created at most this long after the node write that proved the decision
 current; later (a slow API server), the key is decided again instead."""
+
+KNOWN_PER_NODE: Final = 8
+"""Event ids :class:`BusEvents` remembers per NodeWright and node: more than an outbox holds
+(a transition's events, plus those of earlier ones while NATS was away)."""
+
+DEDUPE_MARGIN_S: Final = 10.0
+"""An event this much younger than JetStream's deduplication window is re-published without
+looking: JetStream still drops it."""
 
 MIN_POD_AGE_S: Final = 20.0
 """No pod younger than this is deleted: longer than :data:`CREATE_WITHIN_S` plus how far a
@@ -93,9 +101,14 @@ class ObjectPort(Protocol):
 
 
 class EventPort(Protocol):
-    async def publish(self, event: events.Event) -> bool:
-        """Publish ``event``; False when the bus had it already. Raises
-        :class:`Unpublished` when the bus cannot take it now."""
+    def delivered(self, event: events.Event) -> bool:
+        """Whether this process knows the stream holds ``event`` (it published it, JetStream
+        called it a duplicate, or it found it there). Memory only: no I/O."""
+        ...
+
+    async def settle(self, todo: Sequence[events.Event]) -> None:
+        """Put on the stream, in order, each of ``todo`` it does not hold yet, each once.
+        Raises :class:`Unpublished` when the bus cannot take them now."""
         ...
 
 
@@ -108,12 +121,19 @@ UNPUBLISHED_RETRY_S: Final = 2.0
 
 
 def node_patch(
-    decision: NodeDecision, resource_version: str, unpublished: tuple[events.Event, ...] = ()
+    decision: NodeDecision,
+    resource_version: str,
+    unpublished: tuple[events.Event, ...] = (),
+    *,
+    had_outbox: bool = False,
 ) -> JSON:
     """The merge patch of ``decision`` for the node at ``resource_version``; its events go
-    into the owner's outbox, after the ``unpublished`` ones already there."""
+    into the owner's outbox, after the ``unpublished`` ones already there. ``had_outbox``:
+    the node holds an outbox of the owner (delivered events are dropped from it)."""
     annotations: dict[str, str | None] = dict(decision.annotations)
-    if decision.events:
+    if decision.events or had_outbox:
+        # The events on the stream already go with this write; only those not known to be
+        # there stay, before the new ones (no events left: the annotation goes).
         annotations[outbox.key(decision.owner, decision.cr)] = outbox.value(
             outbox.merged(unpublished, decision.events)
         )
@@ -165,21 +185,20 @@ async def apply(
     cached = nodes.get(decision.node)
     if cached is None:
         return None  # gone: its pods and records go with it
-    unpublished = outbox.pending(cached, decision.owner, decision.cr)
+    held = outbox.pending(cached, decision.owner, decision.cr)
+    unpublished = tuple(e for e in held if not bus.delivered(e))
     if decision.patches_node:
         current = str(cached["metadata"]["resourceVersion"])
         version = decision.observed_version or current
         # A node that changed since the decision (seen while ``prepare`` ran) is not sent
         # the write the API server would refuse: the key is decided again at once.
-        if version != current or not await nodes.patch(
-            decision.node, node_patch(decision, version, unpublished)
-        ):
+        body = node_patch(decision, version, unpublished, had_outbox=bool(held))
+        if version != current or not await nodes.patch(decision.node, body):
             _log.info("Skipped stale Node write", extra=where)
             return STALE_RETRY_S
         fenced = clock()
         if written is not None:
             written()
-        unpublished = outbox.merged(unpublished, decision.events)
     again = decision.requeue_after
     if again_young is not None:
         again = _sooner(again, again_young)
@@ -203,12 +222,11 @@ async def apply(
     for pod in decision.delete:
         if not await objects.delete_pod(pod):
             again = STALE_RETRY_S  # it changed since the decision: decide again
-    if unpublished:
-        flushed = await flush(
-            owner=decision.owner, cr=decision.cr, node=decision.node, nodes=nodes, bus=bus
-        )
-        if flushed is not None:
-            again = _sooner(again, flushed)
+    flushed = await flush(
+        owner=decision.owner, cr=decision.cr, node=decision.node, nodes=nodes, bus=bus
+    )
+    if flushed is not None:
+        again = _sooner(again, flushed)
     return again
 
 
@@ -224,40 +242,76 @@ async def flush_then(
     nodes: NodePort,
     bus: EventPort,
     work: Callable[[tuple[str, str]], Awaitable[float | None]],
+    gone: Callable[[str], bool] | None = None,
 ) -> float | None:
     """A service's reconcile of (cr, node): first the events a writer (this replica or
     another, maybe dead) left in ``owner``'s outbox, then ``work`` whether or not NATS took
-    them; the sooner of the two retry delays (None: neither asks for one)."""
+    them, then, when ``gone`` says the NodeWright is, :func:`tidy`; the sooner of the retry
+    delays (None: none asks for one)."""
     unpublished = await flush(owner=owner, cr=key[0], node=key[1], nodes=nodes, bus=bus)
     again = await work(key)
+    if gone is not None and gone(key[0]):
+        tidied = await tidy(owner=owner, cr=key[0], node=key[1], nodes=nodes, bus=bus)
+        if tidied is not None:
+            again = _sooner(again, tidied)
     if unpublished is None:
         return again
     return unpublished if again is None else min(again, unpublished)
 
 
-async def flush(*, owner: str, cr: str, node: str, nodes: NodePort, bus: EventPort) -> float | None:
-    """Publish what ``owner``'s outbox about ``cr`` on ``node`` holds, then clear it with
-    the node's resourceVersion as precondition (what another writer added meanwhile stays,
-    for the next flush). None when the outbox is empty now; else when to try again."""
+def outboxes_to_look_at(
+    node: JSON, owner: str, bus: EventPort, gone: Callable[[str], bool]
+) -> list[str]:
+    """The CRs whose outbox of ``owner`` on ``node`` needs a pass: events the stream may not
+    hold, or a NodeWright that is gone (:func:`tidy`). An outbox of published events, which
+    every node keeps after its owner's last transition, gives no work."""
+    return [
+        cr
+        for cr in outbox.crs_with(node, owner)
+        if gone(cr) or any(not bus.delivered(e) for e in outbox.pending(node, owner, cr))
+    ]
+
+
+async def tidy(*, owner: str, cr: str, node: str, nodes: NodePort, bus: EventPort) -> float | None:
+    """The NodeWright is gone: remove ``owner``'s outbox about it from ``node`` once the
+    stream holds every event there (an outbox that does not decode goes too). The owner's
+    last write there (the record's removal) dropped it already, unless the owner had no
+    record left to remove: then this is the one write. None when done, else when to try
+    again."""
     cached = nodes.get(node)
-    todo = outbox.pending(cached, owner, cr)
-    if cached is None or not todo:
+    key = outbox.key(owner, cr)
+    if cached is None or key not in nodestate.annotations_of(cached):
+        return None
+    if any(not bus.delivered(e) for e in outbox.pending(cached, owner, cr)):
+        return UNPUBLISHED_RETRY_S  # the flush before did not get them out: later
+    body = {
+        "metadata": {
+            "resourceVersion": str(cached["metadata"]["resourceVersion"]),
+            "annotations": {key: None},
+        }
+    }
+    if not await nodes.patch(node, body):
+        return STALE_RETRY_S
+    return None
+
+
+async def flush(*, owner: str, cr: str, node: str, nodes: NodePort, bus: EventPort) -> float | None:
+    """Put on the stream what ``owner``'s outbox about ``cr`` on ``node`` holds and the
+    stream does not; None when nothing is left to publish, else when to try again.
+
+    Nothing is written: the outbox keeps events the stream holds until the owner's next
+    write of the node drops them (see :func:`apply`). A separate write clearing it after
+    each publish was a quarter of the services' Node writes (issue 15); what is left on a
+    node is its owner's last events, published."""
+    todo = [e for e in outbox.pending(nodes.get(node), owner, cr) if not bus.delivered(e)]
+    if not todo:
         return None
     try:
-        for event in todo:
-            await bus.publish(event)
+        await bus.settle(todo)
     except Unpublished:
         # NATS is away (the bus logs that once); the events wait in the outbox.
         _log.debug("Kept events in the outbox", extra={"nodewright": cr, "node": node})
         return UNPUBLISHED_RETRY_S
-    body = {
-        "metadata": {
-            "resourceVersion": str(cached["metadata"]["resourceVersion"]),
-            "annotations": {outbox.key(owner, cr): None},
-        }
-    }
-    if not await nodes.patch(node, body):
-        return STALE_RETRY_S  # the node changed: the next pass publishes what is left
     return None
 
 
@@ -341,14 +395,65 @@ class KubeObjects:
         return True
 
 
+class Stream(Protocol):
+    """What :class:`BusEvents` needs of the publisher (:class:`shared.streaming.Publisher`)."""
+
+    @property
+    def duplicate_window_s(self) -> float: ...
+
+    async def publish(self, event: events.Event) -> bool: ...
+
+    async def last_id(self, subject: str) -> str | None: ...
+
+
 @dataclass
 class BusEvents:
-    """:class:`EventPort` over the JetStream publisher."""
+    """:class:`EventPort` over the JetStream publisher.
 
-    publisher: Publisher
+    It remembers, per NodeWright and node, the ids of the last events it knows the stream
+    holds (:data:`KNOWN_PER_NODE`), so a pass over an outbox already published costs nothing.
+    An event older than JetStream's deduplication window (less a margin) that this process
+    does not know about (it restarted, or another replica published it long ago) is looked
+    up first: the last message on its subject. Re-published blindly, it would be stored
+    twice."""
 
-    async def publish(self, event: events.Event) -> bool:
+    publisher: Stream
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    _known: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+
+    def delivered(self, event: events.Event) -> bool:
+        return event.id in self._known.get((event.cr, event.node or ""), ())
+
+    def _remember(self, event: events.Event) -> None:
+        key = (event.cr, event.node or "")
+        self._known[key] = (*self._known.get(key, ())[-(KNOWN_PER_NODE - 1) :], event.id)
+
+    async def settle(self, todo: Sequence[events.Event]) -> None:
+        todo = [e for e in todo if not self.delivered(e)]
+        if not todo:
+            return
         try:
-            return await self.publisher.publish(event)
+            held = await self._on_stream(todo)
+            for event in todo:
+                if event.id not in held:
+                    await self.publisher.publish(event)
+                self._remember(event)
         except (nats.errors.Error, TimeoutError, OSError) as exc:
             raise Unpublished(repr(exc)) from exc
+
+    async def _on_stream(self, todo: Sequence[events.Event]) -> set[str]:
+        """The ids among the old events of ``todo`` the stream holds: by subject, the last
+        message there and every event of ``todo`` before it on that subject (published in
+        order)."""
+        cutoff = self.publisher.duplicate_window_s - DEDUPE_MARGIN_S
+        at = self.now()
+        by_subject: dict[str, list[str]] = {}
+        for event in todo:
+            if (at - event.at).total_seconds() > cutoff:
+                by_subject.setdefault(event.subject, []).append(event.id)
+        held: set[str] = set()
+        for subject, ids in by_subject.items():
+            last = await self.publisher.last_id(subject)
+            if last in ids:
+                held.update(ids[: ids.index(last) + 1])
+        return held

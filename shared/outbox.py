@@ -1,5 +1,5 @@
 """The outbox: events of a transition written to Kubernetes in the same node patch as the
-transition, published afterwards, then cleared.
+transition, and published afterwards.
 
 Why: a service that wrote a transition (a stage recorded as succeeded, a node admitted) and
 died before it published the event lost that event for good; the stream said less than
@@ -7,13 +7,16 @@ Kubernetes did. Now the events go into the node, under
 ``outbox.<owner>/<cr>`` (e.g. ``outbox.executor.nodewright.nvidia.com/gpu-node-tuning``; not
 under ``<owner>/``, where every key is read as a record), *in the same write* as the record
 they describe. Whoever next looks at the key — the same replica a moment later, another
-replica, a restarted one — publishes what is there and clears it with the node's
-resourceVersion as precondition (``shared.nodeshell.flush``), so what one writer added is
-never cleared by another that has not published it. JetStream drops a re-published event
-by its ``Nats-Msg-Id`` (deterministic: :attr:`shared.events.Event.id`), so every transition
-that reached Kubernetes is on the stream exactly once (docs/events.md "Guarantees").
+replica, a restarted one — publishes what is there and the stream does not hold yet
+(``shared.nodeshell.flush``). Nothing clears it on its own: the owner's next write of the
+node drops the events known to be on the stream, so the annotation holds at most the
+owner's last events (published, unless their writer died or NATS is away). JetStream drops
+a re-published event by its ``Nats-Msg-Id`` (deterministic: :attr:`shared.events.Event.id`)
+within its deduplication window; an older one is looked up on the stream before it is
+published again (``shared.nodeshell.BusEvents``), so every transition that reached
+Kubernetes is on the stream exactly once (docs/events.md "Guarantees").
 
-Pure: keys, encoding and merging. Publishing and clearing is ``shared.nodeshell``'s.
+Pure: keys, encoding and merging. Publishing is ``shared.nodeshell``'s.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def crs_with(node: Mapping[str, Any], owner: str) -> list[str]:
 
 
 def pending(node: Mapping[str, Any] | None, owner: str, cr: str) -> tuple[events.Event, ...]:
-    """The events ``owner`` wrote about ``cr`` on ``node`` and has not published yet. An
+    """The events ``owner``'s outbox about ``cr`` on ``node`` holds (published or not). An
     outbox that does not decode (written by a newer version, or damaged) is dropped with an
     error log: the records it was written with are the truth, and every service re-reads
     them."""

@@ -91,6 +91,7 @@ class Publisher:
     def __init__(self, bus: Bus, *, source: str, registry: CollectorRegistry | None = None) -> None:
         self._js = bus.js
         self._stream = bus.settings.stream
+        self._window_s = bus.settings.duplicate_window_s
         self.source = source
         self._published = Counter(
             "nodewright_events_published",
@@ -123,6 +124,22 @@ class Publisher:
             self._published.labels(event.kind, str(bool(ack.duplicate)).lower()).inc()
             return not ack.duplicate
         raise AssertionError("unreachable")  # pragma: no cover
+
+    @property
+    def duplicate_window_s(self) -> float:
+        """How long JetStream drops a re-published ``Nats-Msg-Id``."""
+        return self._window_s
+
+    async def last_id(self, subject: str) -> str | None:
+        """The ``Nats-Msg-Id`` of the last message the stream holds on ``subject`` (None:
+        none, or none with an id)."""
+        try:
+            msg = await self._js.get_last_msg(self._stream, subject)
+        except nats.js.errors.NotFoundError:
+            return None
+        headers = msg.headers or {}
+        found = headers.get("Nats-Msg-Id")
+        return str(found) if found else None
 
 
 # ---- consuming ------------------------------------------------------------------------------

@@ -34,7 +34,6 @@ from shared import (
     durations,
     nodeshell,
     nodestate,
-    outbox,
     progress,
     runtime,
     streaming,
@@ -54,7 +53,7 @@ NODES = path_of(plural="nodes")
 PODS = path_of(plural="pods")
 PDBS = path_of(group="policy", plural="poddisruptionbudgets")
 
-_OWNERS = (nodestate.SCHEDULER, nodestate.DRAINER, outbox.PREFIX + nodestate.DRAINER)
+_OWNERS = (nodestate.SCHEDULER, nodestate.DRAINER)
 """Keys come from admissions, drain records and the drainer's unpublished events."""
 
 
@@ -111,7 +110,15 @@ class Drainer:
     def _crs_on(self, node: JSON | None) -> set[str]:
         if not node:
             return set()
-        return {cr for owner in _OWNERS for cr in nodestate.crs_with(node, owner)}
+        crs = {cr for owner in _OWNERS for cr in nodestate.crs_with(node, owner)}
+        # And its outboxes that still need a pass (shared.outbox).
+        crs.update(
+            nodeshell.outboxes_to_look_at(node, nodestate.DRAINER, self.bus_port, self._gone)
+        )
+        return crs
+
+    def _gone(self, cr: str) -> bool:
+        return self.crs.get(cr) is None
 
     def all_keys(self) -> Iterable[NodeKey]:
         return [
@@ -166,6 +173,7 @@ class Drainer:
             nodes=self.node_port,
             bus=self.bus_port,
             work=self._reconcile,
+            gone=self._gone,
         )
 
     async def _reconcile(self, key: NodeKey) -> float | None:

@@ -33,7 +33,6 @@ from shared import (
     durations,
     nodeshell,
     nodestate,
-    outbox,
     pods,
     podspec as manifests,
     progress,
@@ -56,8 +55,6 @@ _KEYED_BY = (nodestate.SCHEDULER, nodestate.REQUESTS, nodestate.EXECUTOR)
 """A node is looked at for a CR when admitted, when it carries recovery requests (a rerun
 on a finished, released node starts there), or when it carries the executor's record (a
 reboot with ``reapplyOnReboot`` starts there; a NodeWright that is gone leaves it to go)."""
-_KEYS_FROM = (*_KEYED_BY, outbox.PREFIX + nodestate.EXECUTOR)
-"""Keys also come from the executor's unpublished events (``shared.outbox``)."""
 
 
 class Executor:
@@ -118,10 +115,21 @@ class Executor:
     def all_keys(self) -> Iterable[NodeKey]:
         keys: set[NodeKey] = self.pod_index.keys() | self.metadata_index.keys()
         for node in self.nodes.values():
-            for owner in _KEYS_FROM:
-                for cr in nodestate.crs_with(node, owner):
-                    keys.add((cr, node["metadata"]["name"]))
+            name = node["metadata"]["name"]
+            keys.update((cr, name) for cr in self._crs_on(node))
         return keys
+
+    def _crs_on(self, node: JSON) -> set[str]:
+        """The CRs the node is looked at for: its records, and its outboxes that still need
+        a pass (``shared.outbox``)."""
+        crs = {cr for owner in _KEYED_BY for cr in nodestate.crs_with(node, owner)}
+        crs.update(
+            nodeshell.outboxes_to_look_at(node, nodestate.EXECUTOR, self.bus_port, self._gone)
+        )
+        return crs
+
+    def _gone(self, cr: str) -> bool:
+        return self.crs.get(cr) is None
 
     def _cr_keys(self, old: JSON | None, new: JSON | None) -> Iterable[NodeKey]:
         obj = new or old
@@ -135,13 +143,7 @@ class Executor:
         if not obj:
             return []
         name = obj["metadata"]["name"]
-        crs = {
-            cr
-            for o in (old, new)
-            if o
-            for owner in _KEYS_FROM
-            for cr in nodestate.crs_with(o, owner)
-        }
+        crs = {cr for o in (old, new) if o for cr in self._crs_on(o)}
         return [(cr, name) for cr in crs | self.metadata_index.crs_on(name)]
 
     def _responsible(self, key: NodeKey, node: JSON) -> bool:
@@ -161,6 +163,7 @@ class Executor:
             nodes=self.node_port,
             bus=self.bus_port,
             work=self._reconcile,
+            gone=self._gone,
         )
 
     async def _reconcile(self, key: NodeKey) -> float | None:

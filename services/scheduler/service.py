@@ -155,7 +155,10 @@ class Scheduler:
         died between the write and the publish) left in the nodes' outboxes."""
         key = outbox.key(nodestate.SCHEDULER, cr)
         for node in self.nodes.values():
-            if key in nodestate.annotations_of(node):
+            if key in nodestate.annotations_of(node) and any(
+                not self.bus_port.delivered(e)
+                for e in outbox.pending(node, nodestate.SCHEDULER, cr)
+            ):
                 await self._flush(cr, str(node["metadata"]["name"]))
 
     async def _flush(self, cr: str, node: str) -> None:
@@ -290,8 +293,7 @@ class Scheduler:
     ) -> bool:
         """Write (or remove) this CR's admission on the node, preconditioned on ``version``
         (default: the cached node's), with ``event`` in the scheduler's outbox in the same
-        write (published and cleared right after); False if the node changed (decide
-        again)."""
+        write (published right after); False if the node changed (decide again)."""
         cached = self.nodes.get(node)
         if cached is None:
             return False
@@ -301,10 +303,12 @@ class Scheduler:
             selection,
             resource_version=version or str(cached["metadata"]["resourceVersion"]),
         )
-        if event is not None:
-            before = outbox.pending(cached, nodestate.SCHEDULER, cr)
+        held = outbox.pending(cached, nodestate.SCHEDULER, cr)
+        if event is not None or held:
+            # Events the stream holds already go with this write (shared.nodeshell.flush).
+            before = [e for e in held if not self.bus_port.delivered(e)]
             body["metadata"]["annotations"][outbox.key(nodestate.SCHEDULER, cr)] = outbox.value(
-                outbox.merged(before, [event])
+                outbox.merged(before, [event] if event is not None else [])
             )
         if await patch_node(self.ctx.kube, self.nodes, node, body):
             if event is not None:

@@ -31,7 +31,6 @@ from shared import (
     api,
     nodeshell,
     nodestate,
-    outbox,
     pods,
     podspec,
     progress,
@@ -55,7 +54,6 @@ _KEYED_BY = (
     nodestate.EXECUTOR,
     nodestate.VALIDATOR,
     nodestate.REQUESTS,
-    outbox.PREFIX + nodestate.VALIDATOR,  # its unpublished events (shared.outbox)
 )
 
 
@@ -110,10 +108,21 @@ class Validator:
         auto_taint = self._auto_taint_crs()
         for node in self.nodes.values():
             name = node["metadata"]["name"]
-            for owner in _KEYED_BY:
-                keys.update((cr, name) for cr in nodestate.crs_with(node, owner))
+            keys.update((cr, name) for cr in self._crs_on(node))
             keys.update(self._readiness_keys(node, auto_taint))
         return keys
+
+    def _crs_on(self, node: JSON) -> set[str]:
+        """The CRs the node is looked at for: its records, and its outboxes that still need
+        a pass (``shared.outbox``)."""
+        crs = {cr for owner in _KEYED_BY for cr in nodestate.crs_with(node, owner)}
+        crs.update(
+            nodeshell.outboxes_to_look_at(node, nodestate.VALIDATOR, self.bus_port, self._cr_gone)
+        )
+        return crs
+
+    def _cr_gone(self, cr: str) -> bool:
+        return self.crs.get(cr) is None
 
     def _auto_taint_crs(self) -> list[api.NodeWright]:
         """The NodeWrights that ask for new nodes to be tainted, each decoded once per
@@ -170,8 +179,7 @@ class Validator:
         crs: set[str] = set()
         for o in (old, new):
             if o:
-                for owner in _KEYED_BY:
-                    crs.update(nodestate.crs_with(o, owner))
+                crs.update(self._crs_on(o))
         keys = {(cr, name) for cr in crs}
         if new:
             keys.update(self._readiness_keys(new, self._auto_taint_crs()))
@@ -202,6 +210,7 @@ class Validator:
             nodes=self.node_port,
             bus=self.bus_port,
             work=self._reconcile,
+            gone=self._cr_gone,
         )
 
     async def _reconcile(self, key: NodeKey) -> float | None:

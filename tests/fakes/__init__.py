@@ -12,6 +12,7 @@ there are no watches (``get`` is the store).
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,3 +115,10 @@ class FakeBus:
             return False
         self.published.append(event)
         return True
+
+    def delivered(self, event: events.Event) -> bool:
+        return any(e.id == event.id for e in self.published)
+
+    async def settle(self, todo: Sequence[events.Event]) -> None:
+        for event in todo:
+            await self.publish(event)

@@ -62,17 +62,45 @@ async def test_the_record_and_spec_go_in_one_patch_on_the_version_decided_on() -
     )
     got, _, bus = await _apply(decision, nodes)
     assert got == 3.0
-    (name, body), (_, cleared) = nodes.patches
+    ((name, body),) = nodes.patches
     assert name == "n1"
     assert body["metadata"]["resourceVersion"] == version
     assert body["spec"] == {"unschedulable": True}
     stored = nodestate.read(nodes.nodes["n1"], nodestate.DRAINER, CR, DrainRecord)
     assert stored == rec
     assert [e.id for e in bus.published] == ["e1"]
-    # The event went into the outbox with the record, and was cleared once published.
+    # The event went into the outbox with the record, and was published; no write clears it.
     assert [e.id for e in outbox.pending(node_with(body), nodestate.DRAINER, CR)] == ["e1"]
-    assert cleared["metadata"]["annotations"] == {outbox.key(nodestate.DRAINER, CR): None}
-    assert outbox.pending(nodes.nodes["n1"], nodestate.DRAINER, CR) == ()
+
+
+async def test_the_next_write_drops_the_events_on_the_stream_from_the_outbox() -> None:
+    """One write per transition: the outbox of the last one, published, goes with the
+    next write of the owner, which carries only its own events; a write with no events
+    removes it."""
+    nodes = _nodes()
+    bus = FakeBus()
+    rec = DrainRecord(phase="cordoned", cordoned=True, started=T0, since=T0)
+
+    async def write(record: DrainRecord | None, *ids: int) -> None:
+        decision = NodeDecision(
+            owner=nodestate.DRAINER,
+            cr=CR,
+            node="n1",
+            record=Write(record) if record is not None else Remove(),
+            events=tuple(_event(i) for i in ids),
+        )
+        await nodeshell.apply(decision, nodes=nodes, objects=FakeObjects(), bus=bus)
+
+    await write(rec, 1)
+    await write(DrainRecord(phase="drained", cordoned=True, started=T0, since=T0), 2)
+    assert len(nodes.patches) == 2
+    assert [e.id for e in outbox.pending(nodes.nodes["n1"], nodestate.DRAINER, CR)] == ["e2"]
+    await write(None)
+    assert len(nodes.patches) == 3
+    key = outbox.key(nodestate.DRAINER, CR)
+    assert key not in nodestate.annotations_of(nodes.nodes["n1"])
+    assert nodes.patches[-1][1]["metadata"]["annotations"][key] is None
+    assert [e.id for e in bus.published] == ["e1", "e2"]
 
 
 def node_with(patch: dict[str, Any]) -> dict[str, Any]:
@@ -112,40 +140,36 @@ async def test_events_of_a_writer_that_died_before_publishing_are_published_by_t
     bus = FakeBus()
     await nodeshell.apply(more, nodes=nodes, objects=FakeObjects(), bus=bus)
     assert [e.id for e in bus.published] == ["e1", "e2", "e3"]
-    assert outbox.pending(nodes.nodes["n1"], nodestate.DRAINER, CR) == ()
-    # A later flush has nothing to do.
+    writes = len(nodes.patches)
+    # A later flush has nothing to do, and writes nothing.
     flushed = await nodeshell.flush(owner=nodestate.DRAINER, cr=CR, node="n1", nodes=nodes, bus=bus)
     assert flushed is None
     assert [e.id for e in bus.published] == ["e1", "e2", "e3"]
+    assert len(nodes.patches) == writes
 
 
-async def test_a_flush_never_clears_what_another_writer_added_after_it_read() -> None:
+async def test_a_write_keeps_the_events_it_does_not_know_to_be_on_the_stream() -> None:
+    """Another replica's outbox, not published yet (it died, or NATS is away for this one
+    too): a write of this replica keeps those events, before its own."""
     nodes = _nodes()
     first = NodeDecision(owner=nodestate.VALIDATOR, cr=CR, node="n1", events=(_event(1),))
     await nodeshell.apply(first, nodes=nodes, objects=FakeObjects(), bus=Down())
-
-    class Racing(FakeBus):
-        async def publish(self, event: events.Event) -> bool:
-            # Meanwhile another replica writes a transition with its own event.
-            nodes.nodes["n1"]["metadata"]["annotations"][outbox.key(nodestate.VALIDATOR, CR)] = (
-                outbox.value([_event(1), _event(2)])
-            )
-            nodes.touch("n1")
-            return await super().publish(event)
-
-    racing = Racing()
-    got = await nodeshell.flush(
-        owner=nodestate.VALIDATOR, cr=CR, node="n1", nodes=nodes, bus=racing
+    second = NodeDecision(
+        owner=nodestate.VALIDATOR,
+        cr=CR,
+        node="n1",
+        record=Write(ValidatorRecord()),
+        events=(_event(2),),
     )
-    assert got == nodeshell.STALE_RETRY_S
+    got = await nodeshell.apply(second, nodes=nodes, objects=FakeObjects(), bus=Down())
+    assert got == nodeshell.UNPUBLISHED_RETRY_S
     assert [e.id for e in outbox.pending(nodes.nodes["n1"], nodestate.VALIDATOR, CR)] == [
         "e1",
         "e2",
-    ], "the other writer's event is still to be published"
-    bus = FakeBus(published=list(racing.published))
+    ]
+    bus = FakeBus()
     await nodeshell.flush(owner=nodestate.VALIDATOR, cr=CR, node="n1", nodes=nodes, bus=bus)
     assert [e.id for e in bus.published] == ["e1", "e2"]
-    assert outbox.pending(nodes.nodes["n1"], nodestate.VALIDATOR, CR) == ()
 
 
 async def test_a_node_that_changed_meanwhile_gets_nothing_created_or_published() -> None:
@@ -398,3 +422,111 @@ async def test_the_drainers_release_lifts_its_cordon_in_the_same_patch() -> None
     keep = drainer_core.node_decision(CR, "n1", drainer_core.Decision())
     assert isinstance(keep.record, Keep)
     assert not keep.patches_node
+
+
+class _Stream:
+    """A stream of one subject per event kind and node, deduplicating within its window."""
+
+    duplicate_window_s = 120.0
+
+    def __init__(self) -> None:
+        self.stored: list[events.Event] = []
+        self.lookups: list[str] = []
+        self.down = False
+
+    async def publish(self, event: events.Event) -> bool:
+        if self.down:
+            raise TimeoutError("nats: timeout")
+        self.stored.append(event)
+        return True
+
+    async def last_id(self, subject: str) -> str | None:
+        self.lookups.append(subject)
+        on = [e for e in self.stored if e.subject == subject]
+        return on[-1].id if on else None
+
+
+def _validated(n: int, age_s: float) -> events.Event:
+    return events.NodeValidated(
+        id=f"v{n}", at=T0 - timedelta(seconds=age_s), cr=CR, generation=1, node="n1"
+    )
+
+
+async def test_the_bus_looks_up_old_events_it_does_not_know_and_remembers_what_it_put() -> None:
+    stream = _Stream()
+    port = nodeshell.BusEvents(stream, now=lambda: T0)
+    old, young = _validated(1, 600), _validated(2, 5)
+    # Another process published the old one long ago (beyond JetStream's dedupe window).
+    stream.stored.append(old)
+    await port.settle([old, young])
+    assert [e.id for e in stream.stored] == ["v1", "v2"], "the old one is not stored twice"
+    assert stream.lookups == [old.subject], "only the old one is looked up"
+    assert port.delivered(old)
+    assert port.delivered(young)
+    # Known now: nothing is sent or looked up again.
+    await port.settle([old, young])
+    assert (len(stream.stored), len(stream.lookups)) == (2, 1)
+    # An old event the stream does not hold is published; so is everything after the last
+    # message on its subject.
+    port2 = nodeshell.BusEvents(stream, now=lambda: T0)
+    lost = _validated(3, 900)
+    await port2.settle([lost])
+    assert [e.id for e in stream.stored] == ["v1", "v2", "v3"]
+
+
+async def test_the_bus_down_keeps_events_unknown_and_raises_unpublished() -> None:
+    stream = _Stream()
+    stream.down = True
+    port = nodeshell.BusEvents(stream, now=lambda: T0)
+    with pytest.raises(nodeshell.Unpublished):
+        await port.settle([_validated(1, 1)])
+    assert not port.delivered(_validated(1, 1))
+
+
+async def test_a_published_outbox_gives_no_work_and_goes_with_its_nodewright() -> None:
+    """What a finished node keeps: its owner's last events, published. They start no pass
+    while the NodeWright exists; once it is gone, one write removes them."""
+    nodes = _nodes()
+    bus = FakeBus()
+    last = NodeDecision(owner=nodestate.DRAINER, cr=CR, node="n1", events=(_event(1),))
+    await nodeshell.apply(last, nodes=nodes, objects=FakeObjects(), bus=bus)
+    held = nodes.nodes["n1"]
+    assert outbox.key(nodestate.DRAINER, CR) in nodestate.annotations_of(held)
+    assert nodeshell.outboxes_to_look_at(held, nodestate.DRAINER, bus, lambda cr: False) == []
+    assert nodeshell.outboxes_to_look_at(held, nodestate.DRAINER, FakeBus(), lambda cr: False) == [
+        CR
+    ], "another process does not know them published: it looks"
+    assert nodeshell.outboxes_to_look_at(held, nodestate.DRAINER, bus, lambda cr: True) == [CR]
+    writes = len(nodes.patches)
+
+    async def nothing(key: tuple[str, str]) -> float | None:
+        return None
+
+    got = await nodeshell.flush_then(
+        owner=nodestate.DRAINER,
+        key=(CR, "n1"),
+        nodes=nodes,
+        bus=bus,
+        work=nothing,
+        gone=lambda cr: False,
+    )
+    assert (got, len(nodes.patches)) == (None, writes)
+    got = await nodeshell.flush_then(
+        owner=nodestate.DRAINER,
+        key=(CR, "n1"),
+        nodes=nodes,
+        bus=bus,
+        work=nothing,
+        gone=lambda cr: True,
+    )
+    assert (got, len(nodes.patches)) == (None, writes + 1)
+    assert outbox.key(nodestate.DRAINER, CR) not in nodestate.annotations_of(nodes.nodes["n1"])
+
+
+async def test_an_outbox_of_a_gone_nodewright_stays_until_the_stream_holds_it() -> None:
+    nodes = _nodes()
+    last = NodeDecision(owner=nodestate.DRAINER, cr=CR, node="n1", events=(_event(1),))
+    await nodeshell.apply(last, nodes=nodes, objects=FakeObjects(), bus=Down())
+    got = await nodeshell.tidy(owner=nodestate.DRAINER, cr=CR, node="n1", nodes=nodes, bus=Down())
+    assert got == nodeshell.UNPUBLISHED_RETRY_S
+    assert [e.id for e in outbox.pending(nodes.nodes["n1"], nodestate.DRAINER, CR)] == ["e1"]
