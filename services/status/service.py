@@ -7,8 +7,8 @@ views, the CR status and the per-node writes, then writes each node's status rec
 patch; a compare-and-swap of that annotation alone when there was one) and node condition
 (strategic merge patch on ``nodes/<name>/status``), both through to the cache and neither
 with the node's resourceVersion as precondition (see ``_write_node``), and finally, once per pass
-and only if it changed, the CR status (merge patch on ``/status``, also with a
-resourceVersion precondition: a stale pass is refused and re-run). When the CR is gone it
+and only if it changed, the CR status (merge patch on ``/status``; unconditioned too: a
+change of the CR meanwhile starts the pass that corrects it). When the CR is gone it
 removes its status records and conditions from the nodes. Each pass also replaces the
 NodeWright's Prometheus gauges (``services.status.metrics``) served on ``/metrics``; they go
 with the NodeWright.
@@ -23,8 +23,8 @@ raw consumer of ``nw.dlq.>`` reads every message, whatever its payload; it never
 dead-letters anything itself); verbose mode adds one per stream event, written before the
 ack. They are events.k8s.io/v1 Events, counted in a series when the same thing recurs. The
 web page (``services.status.webpage``) is served on the health port. Any replica may do any
-of it: the record's write is a compare-and-swap, the CR status's is preconditioned and
-Event names are deterministic. Deciding is the core's job.
+of it: the record's write is a compare-and-swap, every other write is recomputed on the next
+change, and Event names are deterministic. Deciding is the core's job.
 """
 
 from __future__ import annotations
@@ -417,13 +417,16 @@ class Status:
     async def _write_status(
         self, name: str, raw: JSON, cr: api.NodeWright, status: api.NodeWrightStatus
     ) -> bool:
-        """Patch the CR status if it changed; False if the CR changed meanwhile."""
+        """Patch the CR status if it changed.
+
+        No resourceVersion precondition: the scheduler's batch-book writes move the CR's
+        resourceVersion several times a second in a rollout, and each of them refused the
+        status write and cost a pass over every node (issue 15). The status is computed from
+        what the pass read; when the CR moved meanwhile, that change starts the next pass,
+        which writes the status again if it differs (also after another replica's write)."""
         if status == cr.status:
             return True
-        body = {
-            "metadata": {"resourceVersion": raw["metadata"]["resourceVersion"]},
-            "status": core.merge_patch(raw.get("status") or {}, api.to_dict(status)),
-        }
+        body = {"status": core.merge_patch(raw.get("status") or {}, api.to_dict(status))}
         path = path_of(
             group=api.GROUP,
             version=api.VERSION,

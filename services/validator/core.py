@@ -42,6 +42,8 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any, Final
 
+import msgspec
+
 from shared import api, events, nodestate, pods, progress, reasons, recovery
 from shared.decisions import Keep, RecordChange, Remove, Work, Write
 from shared.events import Reason
@@ -181,7 +183,11 @@ def _verdict_from_pod(
     return None
 
 
-def _checks(w: _Work, check_pods: Mapping[PodKey, PodView], grace: float, may_start: bool) -> None:
+def _checks(
+    w: _Work, check_pods: Mapping[PodKey, PodView], grace: float, may_start: bool
+) -> set[str]:
+    """Start, judge and record the checks of the stages the executor finished; the keys of
+    the verdicts still relevant."""
     desired = progress.desired(w.cr)
     wanted: set[str] = set()
     for name, r in sorted(w.node.executor.packages.items()):
@@ -250,10 +256,7 @@ def _checks(w: _Work, check_pods: Mapping[PodKey, PodView], grace: float, may_st
                 stage=r.stage,
                 reason=verdict.reason,
             )
-    # Verdicts about versions or stages no longer relevant would only grow the record.
-    for key in list(w.checks):
-        if key not in wanted:
-            del w.checks[key]
+    return wanted
 
 
 def has_readiness_taint(taints: Iterable[Mapping[str, Any]]) -> bool:
@@ -394,7 +397,7 @@ def decide(
     by = {p.key: p for p in mine if not p.deleting}
     turn = progress.turn(cr, node)
     may_start = turn in ("executor", "validator") and not cr.disabled
-    _checks(w, by, image_pull_grace_s, may_start)
+    wanted = _checks(w, by, image_pull_grace_s, may_start)
     record = node.validator
     validated, at, reason = record.validated, record.at, record.reason
     target = progress.target_digest(cr)
@@ -423,6 +426,13 @@ def decide(
     )
     if fresh and new == ValidatorRecord(honoured=honoured, reset_boot=record.reset_boot):
         new = record  # nothing to write yet
+    if new != record:
+        # Verdicts about versions or stages no longer relevant would only grow the record:
+        # they go with the next write, never in one of their own (a write per stage,
+        # issue 15). Nobody reads them: every reader looks up the current stage's key.
+        new = msgspec.structs.replace(
+            new, checks={k: v for k, v in new.checks.items() if k in wanted}
+        )
     delete = tuple(sorted(p.name for p in mine if p.name not in w.keep and not p.deleting))
     # A taint this validator added for ``cr`` goes by the same rule even if ``cr`` stopped
     # being runtimeRequired since: nobody else would ever lift it.

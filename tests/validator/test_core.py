@@ -221,6 +221,20 @@ def test_verdicts_for_versions_no_longer_wanted_are_dropped() -> None:
     assert "nvidia-tuned/0.8.0/apply" not in written(d.record, ValidatorRecord).checks
 
 
+def test_verdicts_no_longer_wanted_cost_no_write_of_their_own() -> None:
+    """They go with the next write: the check of a finished stage is dropped when the next
+    stage's check starts, not in a write between the two (issue 15)."""
+    cr, rec = _done()
+    validated = core.decide(cr=cr, node=_facts(rec, ValidatorRecord()), check_pods=[], now=T0)
+    done = written(validated.record, ValidatorRecord)
+    kept = msgspec.structs.replace(
+        done,
+        checks={**done.checks, "nvidia-tuned/0.8.0/apply": CheckRecord(verdict="passed", at=T0)},
+    )
+    d = core.decide(cr=cr, node=_facts(rec, kept), check_pods=[], now=T0)
+    assert isinstance(d.record, Keep)
+
+
 @pytest.mark.parametrize(("order", "env"), [(0, "0"), (3, "3"), (None, None)])
 def test_check_pods_get_the_node_order_of_the_admission(order: int | None, env: str | None) -> None:
     cr = nodewright()
