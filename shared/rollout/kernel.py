@@ -152,6 +152,7 @@ def plan(
         nodes_seen=latest(book.nodes_seen, ctx.nodes_seen),
         cluster_budget=ctx.cluster_budget,
     )
+    new_book = _unless_only_seen(new_book, book)
     names = tuple(n.name for n in v.targets)
     if behind(ctx.nodes_seen, book.nodes_seen):
         # The node cache has not seen what the book's writer saw: counting on it could
@@ -168,11 +169,14 @@ def plan(
     if cr.disabled:
         # Disabled: nothing is started, and the batch state is left as it was (the fence
         # still follows the nodes: it only ever shrinks here).
-        kept = msgspec.structs.replace(
+        kept = _unless_only_seen(
+            msgspec.structs.replace(
+                book,
+                admitting=dict(v.fence),
+                nodes_seen=latest(book.nodes_seen, ctx.nodes_seen),
+                cluster_budget=ctx.cluster_budget,
+            ),
             book,
-            admitting=dict(v.fence),
-            nodes_seen=latest(book.nodes_seen, ctx.nodes_seen),
-            cluster_budget=ctx.cluster_budget,
         )
         return Plan(
             release=releases(cr, nodes),
@@ -192,3 +196,13 @@ def plan(
         compartments=tuple(out),
         events=tuple(notes),
     )
+
+
+def _unless_only_seen(new: BatchBook, book: BatchBook) -> BatchBook:
+    """``book`` when ``new`` differs from it only in the watermark. The watermark guards the
+    fence entries a write drops (:attr:`BatchBook.nodes_seen`); a book that drops none need
+    not move it, and moving it alone made a book write of every pass, which every node change
+    starts (issue 15)."""
+    if msgspec.structs.replace(new, nodes_seen=book.nodes_seen) == book:
+        return book
+    return new

@@ -1035,3 +1035,27 @@ def test_the_next_batch_waits_for_the_last_one_to_be_released_rather_than_shrink
     r.nodes["n001"] = replace(r.nodes["n001"], drain=None)
     p = r.step()
     assert [a.node for a in p.admit] == ["n003", "n004", "n005"]
+
+
+def test_a_pass_that_changes_nothing_but_the_caches_progress_keeps_the_book() -> None:
+    """Every node change starts a pass and moves the node cache on; the watermark alone is
+    no reason for a book write (issue 15). It moves with a write that drops fence entries."""
+    r = Rollout(cr=_cr(), policy=None, nodes={n.name: n for n in _fleet(4)})
+    first = r.step()
+    assert first.book.admitting == {"n000": "1"}, "the fence holds the pass's admission"
+
+    def again(book: BatchBook, seen: str) -> BatchBook:
+        return kernel.plan(
+            cr=r.cr,
+            policy=None,
+            nodes=list(r.nodes.values()),
+            book=book,
+            ctx=kernel.Context(now=T0, nodes_seen=seen),
+        ).book
+
+    # The admission landed (the node changed): the entry goes, the watermark moves with it.
+    dropped = again(first.book, "900")
+    assert (dropped.admitting, dropped.nodes_seen) == ({}, "900")
+    # Heartbeats: the cache moves on, the book stays as it is (no write).
+    assert again(dropped, "950") is dropped
+    assert again(dropped, "990") is dropped
