@@ -1,11 +1,11 @@
 """The scheduler's batch book: the persisted rollout state of one NodeWright.
 
 Annotation ``scheduler.nodewright.nvidia.com/batches`` on the NodeWright, written only by the
-scheduler with the NodeWright's resourceVersion as precondition, before any admission of the
-same pass. Besides each compartment's batch state it carries the **fence** of the budget
-(:attr:`BatchBook.admitting`): the nodes a pass is about to admit, written before their
-admissions, so a replica deciding on a stale view of the nodes still counts every admission
-another pass may be writing (docs/rollouts.md "Budget: always a hard cap").
+scheduler as a compare-and-swap of the book the pass read (and of the generation), before any
+admission of the same pass. Besides each compartment's batch state it carries the **fence**
+of the budget (:attr:`BatchBook.admitting`): the nodes a pass is about to admit, written
+before their admissions, so a replica deciding on a stale view of the nodes still counts
+every admission another pass may be writing (docs/rollouts.md "Budget: always a hard cap").
 
 Pure: decoding and encoding. Deciding what goes into the book is :mod:`shared.rollout.kernel`'s.
 """

@@ -27,7 +27,10 @@ def test_200_nodes_under_kills_outages_latency_and_a_partition_roll_out_exactly_
     report = faults.one_run(plan)
     print(json.dumps(asdict(report), indent=1))
     assert report.ready, f"not Ready after {report.time_to_ready_s}s"
-    assert report.kills >= 100, report.kills
+    # The killer ran all along: about one SIGKILL per mean interval until Ready (a count fixed
+    # in advance failed once the rollout got faster, issue 15).
+    expected = report.time_to_ready_s / (sum(plan.kill_every_s) / 2)
+    assert report.kills >= max(50, 0.8 * expected), (report.kills, expected)
     assert report.nats_kills == 2
     assert report.api_restarts == 1
     assert report.latency_window_s >= 60
