@@ -42,7 +42,7 @@ def key(owner: str, cr: str) -> str:
 
 
 def crs_with(node: Mapping[str, Any], owner: str) -> list[str]:
-    """The CRs ``owner`` has unpublished events about on ``node``, sorted."""
+    """The CRs ``owner`` has an outbox about on ``node`` (its events published or not), sorted."""
     prefix = f"{PREFIX}{owner}/"
     return sorted(k[len(prefix) :] for k in nodestate.annotations_of(node) if k.startswith(prefix))
 

@@ -80,7 +80,7 @@ class Scheduler:
             identity=ctx.identity,
         )
         self.controller: Controller[str] = Controller(
-            ctx=ctx, name=NAME, reconcile=self.reconcile, all_keys=self.all_crs, workers=4
+            ctx=ctx, name=NAME, reconcile=self.reconcile, all_keys=self._resync_keys, workers=4
         )
         c = self.controller
         self.crs: Informer = c.watch(NODEWRIGHTS, to_keys=self._cr_keys, name="nodewrights")
@@ -108,6 +108,16 @@ class Scheduler:
     def all_crs(self) -> Iterable[str]:
         return [str(o["metadata"]["name"]) for o in self.crs.values()]
 
+    def _resync_keys(self) -> Iterable[str]:
+        """Every NodeWright, and every gone one whose outbox a node still holds."""
+        gone = {
+            cr
+            for node in self.nodes.values()
+            for cr in outbox.crs_with(node, nodestate.SCHEDULER)
+            if self.crs.get(cr) is None
+        }
+        return [*self.all_crs(), *sorted(gone)]
+
     def _cr_keys(self, old: JSON | None, new: JSON | None) -> Iterable[str]:
         obj = new or old
         return [str(obj["metadata"]["name"])] if obj else []
@@ -127,7 +137,12 @@ class Scheduler:
         if new is None and old is not None:
             self._facts.forget(str(old["metadata"]["name"]))
         # Any node change may free or need a slot of any NodeWright; the queue coalesces.
-        return self.all_crs()
+        gone = [
+            cr
+            for cr in (outbox.crs_with(new, nodestate.SCHEDULER) if new is not None else [])
+            if self.crs.get(cr) is None
+        ]
+        return [*self.all_crs(), *gone]
 
     # ---- reconcile ----------------------------------------------------------------------
 
@@ -136,7 +151,7 @@ class Scheduler:
             return None
         raw = self.crs.get(name)
         if raw is None:
-            return None
+            return await self._tidy_outboxes(name)
         try:
             cr = api.from_dict(raw, api.NodeWright)
         except msgspec.ValidationError as exc:
@@ -160,6 +175,24 @@ class Scheduler:
                 for e in outbox.pending(node, nodestate.SCHEDULER, cr)
             ):
                 await self._flush(cr, str(node["metadata"]["name"]))
+
+    async def _tidy_outboxes(self, cr: str) -> float | None:
+        """The NodeWright is gone: its releases wrote the scheduler's last records of it, so
+        no later write of the scheduler drops the outbox they left; remove it (after
+        publishing what the stream may not hold)."""
+        key = outbox.key(nodestate.SCHEDULER, cr)
+        again: float | None = None
+        for node in [str(n["metadata"]["name"]) for n in self.nodes.values()]:
+            cached = self.nodes.get(node)
+            if cached is None or key not in nodestate.annotations_of(cached):
+                continue
+            owner, nodes, bus = nodestate.SCHEDULER, self.node_port, self.bus_port
+            unpublished = await nodeshell.flush(owner=owner, cr=cr, node=node, nodes=nodes, bus=bus)
+            tidied = await nodeshell.tidy(owner=owner, cr=cr, node=node, nodes=nodes, bus=bus)
+            for delay in (unpublished, tidied):
+                if delay is not None:
+                    again = delay if again is None else min(again, delay)
+        return again
 
     async def _flush(self, cr: str, node: str) -> None:
         again = await nodeshell.flush(

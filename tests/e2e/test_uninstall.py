@@ -20,7 +20,7 @@ from shared.kube import ApiError, Kube
 from tests.e2e.conftest import NODES, Sampler, Services, read_cr
 from tests.e2e.test_lifecycle import _cr, _executor, _patch_cr, _start, _wait_done
 from tests.helpers.podlog import pod_log
-from tests.helpers.waiting import eventually
+from tests.helpers.waiting import Pending, eventually
 
 pytestmark = pytest.mark.timeout(400)
 SIM = "sim.nodewright.nvidia.com"
@@ -113,14 +113,16 @@ async def _left(kapi: Kube, node: str, cr: str, expected: list[str]) -> None:
     """Only ``expected`` of the CR's annotations stay on the node, and no node condition of
     it (the status service removes its own once the CR is gone)."""
 
-    async def clean() -> bool:
+    async def clean() -> bool | Pending:
         raw = await kapi.get(f"{NODES}/{node}")
         conditions = [
             c["type"]
             for c in raw["status"].get("conditions") or []
             if c["type"] == f"{nodestate.DOMAIN}/{cr}"
         ]
-        return _ours(raw, cr) == expected and not conditions
+        if _ours(raw, cr) == expected and not conditions:
+            return True
+        return Pending(f"annotations {_ours(raw, cr)}, conditions {conditions}")
 
     await eventually(clean, timeout_s=30, what=f"{node} clean of {cr}")
 
