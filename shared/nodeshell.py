@@ -41,7 +41,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Protocol
 
 import nats.errors
@@ -51,6 +51,7 @@ from shared import events, nodestate, outbox
 from shared.decisions import JSON, Keep, NodeDecision, PodRef, Remove, Write
 from shared.informer import Informer
 from shared.kube import ApiError, Kube, path_of
+from shared.streaming import TooLate
 
 _log = logging.getLogger("nodewright.nodeshell")
 
@@ -67,7 +68,8 @@ KNOWN_PER_NODE: Final = 8
 
 DEDUPE_MARGIN_S: Final = 10.0
 """An event this much younger than JetStream's deduplication window is re-published without
-looking: JetStream still drops it."""
+looking: JetStream still drops it. The margin covers a copy nats-py held while reconnecting
+(the publisher sends no attempt after the event's cutoff: ``send_by``)."""
 
 MIN_POD_AGE_S: Final = 20.0
 """No pod younger than this is deleted: longer than :data:`CREATE_WITHIN_S` plus how far a
@@ -401,7 +403,7 @@ class Stream(Protocol):
     @property
     def duplicate_window_s(self) -> float: ...
 
-    async def publish(self, event: events.Event) -> bool: ...
+    async def publish(self, event: events.Event, *, send_by: datetime | None = None) -> bool: ...
 
     async def last_id(self, subject: str) -> str | None: ...
 
@@ -415,7 +417,8 @@ class BusEvents:
     An event older than JetStream's deduplication window (less a margin) that this process
     does not know about (it restarted, or another replica published it long ago) is looked
     up first: the last message on its subject. Re-published blindly, it would be stored
-    twice."""
+    twice. A blind publish that NATS held back until the event crossed that age is given up
+    (:class:`Unpublished`): the next pass looks it up."""
 
     publisher: Stream
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
@@ -432,19 +435,28 @@ class BusEvents:
         todo = [e for e in todo if not self.delivered(e)]
         if not todo:
             return
+        cutoff = timedelta(seconds=self.publisher.duplicate_window_s - DEDUPE_MARGIN_S)
         try:
-            held = await self._on_stream(todo)
+            held, looked_up = await self._on_stream(todo)
             for event in todo:
-                if event.id not in held:
-                    await self.publisher.publish(event)
+                if event.id in looked_up:
+                    if event.id not in held:
+                        await self.publisher.publish(event)  # the stream does not hold it
+                else:
+                    # Sent blind, it must reach JetStream while the window still covers any
+                    # earlier copy: one sent later is stored twice (a NATS outage held the
+                    # attempts of a restarted replica past it, issue 15).
+                    await self.publisher.publish(event, send_by=event.at + cutoff)
                 self._remember(event)
+        except TooLate as exc:
+            raise Unpublished("older than the deduplication window now: look it up") from exc
         except (nats.errors.Error, TimeoutError, OSError) as exc:
             raise Unpublished(repr(exc)) from exc
 
-    async def _on_stream(self, todo: Sequence[events.Event]) -> set[str]:
-        """The ids among the old events of ``todo`` the stream holds: by subject, the last
-        message there and every event of ``todo`` before it on that subject (published in
-        order)."""
+    async def _on_stream(self, todo: Sequence[events.Event]) -> tuple[set[str], set[str]]:
+        """The ids among the old events of ``todo`` the stream holds, and the ids looked up:
+        by subject, the last message there and every event of ``todo`` before it on that
+        subject (published in order)."""
         cutoff = self.publisher.duplicate_window_s - DEDUPE_MARGIN_S
         at = self.now()
         by_subject: dict[str, list[str]] = {}
@@ -456,4 +468,4 @@ class BusEvents:
             last = await self.publisher.last_id(subject)
             if last in ids:
                 held.update(ids[: ids.index(last) + 1])
-        return held
+        return held, {i for ids in by_subject.values() for i in ids}

@@ -5,7 +5,10 @@
 - :class:`Publisher` publishes an event with ``Nats-Msg-Id`` = its deterministic id, as a
   CloudEvent in binary content mode (``ce-*`` headers, ``shared.cloudevents``; the payload is
   the event as before), and retries while JetStream has no responder (a restart or leader
-  election): nats-py does not.
+  election): nats-py does not. It sends nothing while the connection is down: nats-py would
+  buffer each attempt and deliver them all on reconnecting, however late, and a copy that
+  reaches JetStream after its deduplication window is stored twice. With ``send_by`` it
+  sends no attempt that could arrive after that instant (:class:`TooLate`).
 - :class:`Consumer` runs a durable pull consumer with explicit AckWait, MaxDeliver, BackOff
   and MaxAckPending. The handler decides, the loop acts and logs once: ``Ack``; ``Retry`` ->
   nak with delay (dead-lettered once MaxDeliver is reached); ``Reject`` -> term and
@@ -25,7 +28,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from typing import Final
 
 import msgspec
 import nats.errors
@@ -55,6 +59,18 @@ HEADER_SEQUENCE = "Nodewright-Original-Sequence"
 HEADER_DELIVERIES = "Nodewright-Deliveries"
 
 _PUBLISH_ATTEMPTS = 8
+_PUBLISH_TIMEOUT_S = 5.0
+
+
+ATTEMPT_SPAN: Final = timedelta(seconds=_PUBLISH_TIMEOUT_S)
+"""How long after it is sent an attempt may still reach JetStream: its timeout."""
+
+
+class TooLate(Exception):
+    """An attempt would be sent after the publish's ``send_by``: the caller looks up whether
+    the stream holds the event instead (its deduplication window may be over)."""
+
+
 _REBIND_BACKOFF_MAX_S = 10.0
 
 
@@ -88,8 +104,17 @@ async def ensure_stream(js: JetStreamContext, settings: NatsSettings) -> None:
 class Publisher:
     """Publishes events with dedupe and retries through JetStream outages."""
 
-    def __init__(self, bus: Bus, *, source: str, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        source: str,
+        registry: CollectorRegistry | None = None,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._nc = bus.nc
         self._js = bus.js
+        self._now = now
         self._stream = bus.settings.stream
         self._window_s = bus.settings.duplicate_window_s
         self.source = source
@@ -100,15 +125,27 @@ class Publisher:
             registry=registry,
         )
 
-    async def publish(self, event: events.Event) -> bool:
-        """Publish ``event``; return False when JetStream had it already (a duplicate)."""
+    async def publish(self, event: events.Event, *, send_by: datetime | None = None) -> bool:
+        """Publish ``event``; return False when JetStream had it already (a duplicate).
+
+        Raises :class:`TooLate` rather than send an attempt that may still be in flight at
+        ``send_by``, and the last error after :data:`_PUBLISH_ATTEMPTS` failed ones."""
         payload = events.encode(event)
         headers = {"Nats-Msg-Id": event.id, **cloudevents.headers(cloudevents.attributes(event))}
         delay = 0.1
         for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
+            if send_by is not None and self._now() + ATTEMPT_SPAN > send_by:
+                raise TooLate(event.id)
             try:
+                if not self._nc.is_connected:
+                    # Buffered, this attempt would go out on reconnecting, however late.
+                    raise nats.errors.ConnectionReconnectingError
                 ack = await self._js.publish(
-                    event.subject, payload, stream=self._stream, headers=headers, timeout=5
+                    event.subject,
+                    payload,
+                    stream=self._stream,
+                    headers=headers,
+                    timeout=_PUBLISH_TIMEOUT_S,
                 )
             except (
                 nats.js.errors.NoStreamResponseError,

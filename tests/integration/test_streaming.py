@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import nats
 import pytest
@@ -189,3 +189,32 @@ async def test_the_consumer_recovers_after_a_nats_server_restart(rig: Rig, bus: 
 
 async def _contains(items: list[int], value: int) -> bool:
     return value in items
+
+
+async def test_a_publish_sends_nothing_while_nats_is_away_and_nothing_after_send_by(
+    rig: Rig, bus: Bus
+) -> None:
+    """nats-py buffers what is published while it reconnects and sends it all once back,
+    however late: a copy of an event reaching JetStream after its deduplication window is
+    stored twice (CI, 200 nodes under kills and a NATS partition)."""
+    # The fixture's stream with a 3 s window (the stream is deleted after the test).
+    short = NatsSettings(url=bus.settings.url, stream=bus.settings.stream, duplicate_window_s=3)
+    await bus.js.update_stream(streaming.stream_config(short))
+    publisher = streaming.Publisher(Bus(nc=bus.nc, js=bus.js, settings=short), source="test")
+    event = _selected(n=9)
+    assert await publisher.publish(event)
+    outage = asyncio.create_task(asyncio.to_thread(rig.restart_nats, down_s=6, crash=True))
+    await eventually(lambda: _away(bus), what="the client to notice nats-server is gone")
+    with pytest.raises(streaming.TooLate):
+        await publisher.publish(
+            event, send_by=datetime.now(UTC) + streaming.ATTEMPT_SPAN + timedelta(seconds=1)
+        )
+    await outage
+    await eventually(lambda: bus.ready(), timeout_s=30, what="the client to reconnect")
+    await asyncio.sleep(1)  # anything nats-py held back has been sent by now
+    info = await bus.js.stream_info(short.stream)
+    assert info.state.messages == 1, "no copy went out after the window"
+
+
+async def _away(bus: Bus) -> bool:
+    return not await bus.ready()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -16,6 +16,7 @@ from shared.decisions import Keep, NodeDecision, PodRef, Remove, Write
 from shared.records.drainer import DrainRecord
 from shared.records.executor import ExecutorRecord
 from shared.records.validator import ValidatorRecord
+from shared.streaming import TooLate
 from tests.fakes import FakeBus, FakeNodes, FakeObjects
 from tests.helpers.facts import T0, node
 
@@ -432,11 +433,16 @@ class _Stream:
     def __init__(self) -> None:
         self.stored: list[events.Event] = []
         self.lookups: list[str] = []
+        self.sends_by: list[datetime | None] = []
         self.down = False
+        self.now = T0
 
-    async def publish(self, event: events.Event) -> bool:
+    async def publish(self, event: events.Event, *, send_by: datetime | None = None) -> bool:
+        self.sends_by.append(send_by)
         if self.down:
             raise TimeoutError("nats: timeout")
+        if send_by is not None and self.now > send_by:
+            raise TooLate(event.id)
         self.stored.append(event)
         return True
 
@@ -472,6 +478,33 @@ async def test_the_bus_looks_up_old_events_it_does_not_know_and_remembers_what_i
     lost = _validated(3, 900)
     await port2.settle([lost])
     assert [e.id for e in stream.stored] == ["v1", "v2", "v3"]
+
+
+async def test_a_blind_publish_held_past_the_window_is_given_up_and_the_next_pass_looks() -> None:
+    """CI, 200 nodes under kills: a restarted scheduler re-published a node.completed 100 s
+    old, blind; the NATS partition held its attempts until the first copy was out of
+    JetStream's window, and the stream stored it twice."""
+    stream = _Stream()
+    first = _validated(1, 100)
+    stream.stored.append(first)  # the replica that died had published it
+    clock = T0
+    port = nodeshell.BusEvents(stream, now=lambda: clock)
+    stream.now = T0 + timedelta(seconds=30)  # NATS took 30 s to take the attempt
+    with pytest.raises(nodeshell.Unpublished):
+        await port.settle([first])
+    cutoff = timedelta(seconds=stream.duplicate_window_s - nodeshell.DEDUPE_MARGIN_S)
+    assert stream.sends_by == [first.at + cutoff], "a blind publish is bounded by the cutoff"
+    assert not port.delivered(first)
+    clock = T0 + timedelta(seconds=30)  # the next pass: old now, so looked up
+    await port.settle([first])
+    assert [e.id for e in stream.stored] == ["v1"], "stored once"
+    assert stream.lookups == [first.subject]
+    assert port.delivered(first)
+    # Looked up and not there (lost), it is published with no deadline.
+    lost = _validated(2, 400)
+    await port.settle([lost])
+    assert [e.id for e in stream.stored] == ["v1", "v2"]
+    assert stream.sends_by[-1] is None
 
 
 async def test_the_bus_down_keeps_events_unknown_and_raises_unpublished() -> None:
