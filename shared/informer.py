@@ -16,6 +16,10 @@ reflector handles them:
 - the periodic resync (``resync_s``, jittered) replays the *cache* to ``on_change`` so a
   missed decision is retried; it makes no API call.
 
+:meth:`Informer.observe` writes an object this process just wrote through to the store,
+unless the store holds a newer version or the watch saw it deleted since (a bounded set of
+tombstones: a response that removed the last finalizer must not bring its object back).
+
 An optional ``transform`` is applied to every object before it is cached (by the list, the
 watch and :meth:`Informer.observe`), so a service keeps only the fields it reads; the default
 drops managedFields. The outage itself is logged by ``shared.kube.Outage``, once.
@@ -30,6 +34,7 @@ import contextlib
 import logging
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -42,6 +47,11 @@ OnChange = Callable[[JSON | None, JSON | None], None]
 Transform = Callable[[JSON], JSON]
 
 MAX_BACKOFF_S: Final = 5.0
+
+TOMBSTONES: Final = 1024
+"""Deletions an informer remembers (key -> the resourceVersion that saw it gone), so that
+:meth:`Informer.observe` of a write the watch already saw deleted does not bring it back. A
+write's response races its watch events by one request's latency: the recent ones suffice."""
 """The longest wait between two attempts to list or watch: short, so work resumes within
 seconds of the API server's return (the requests in between fail fast or time out)."""
 PAGE_SIZE: Final = 500
@@ -84,6 +94,7 @@ class Informer:
     lists: int = 0
     """How many full LISTs this informer made (the first, and one per 410 Gone)."""
     _rv: str = ""
+    _tombstones: OrderedDict[str, str] = field(default_factory=OrderedDict)
 
     def get(self, key: str) -> JSON | None:
         return self.store.get(key)
@@ -99,6 +110,12 @@ class Informer:
         key = key_of(obj)
         old = self.store.get(key)
         if old is not None and _newer_or_same(old, obj):
+            return
+        gone_at = self._tombstones.get(key)
+        if old is None and gone_at is not None and _at_or_after(gone_at, _rv_of(obj)):
+            # The watch saw it deleted after this write (e.g. the write removed the last
+            # finalizer): stored, it would stay in the cache for good (CI: a NodeWright
+            # the scheduler finalized was never seen gone, so its outboxes stayed).
             return
         self.store[key] = obj
 
@@ -188,6 +205,7 @@ class Informer:
                 self._emit(old, obj)
         for key, old in old_store.items():
             if key not in fresh:
+                self._bury(key, rv)
                 self._emit(old, None)
         self.synced.set()
 
@@ -210,6 +228,7 @@ class Informer:
             self._rv = _rv_of(obj) or self._rv
             if kind == "DELETED":
                 old = self.store.pop(key, None)
+                self._bury(key, self._rv)
                 self._emit(old, None)
             else:
                 old = self.store.get(key)
@@ -217,6 +236,12 @@ class Informer:
                     continue  # a write-through already stored a newer version
                 self.store[key] = obj
                 self._emit(old, obj)
+
+    def _bury(self, key: str, rv: str) -> None:
+        self._tombstones[key] = rv
+        self._tombstones.move_to_end(key)
+        while len(self._tombstones) > TOMBSTONES:
+            self._tombstones.popitem(last=False)
 
     def _emit(self, old: JSON | None, new: JSON | None) -> None:
         if old is None and new is None:
@@ -228,10 +253,14 @@ class Informer:
 
 
 def _newer_or_same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return _at_or_after(_rv_of(a), _rv_of(b))
+
+
+def _at_or_after(a: str, b: str) -> bool:
     # resourceVersions are opaque, but every API server in practice uses etcd revisions
     # (integers); when they are not integers the write wins.
     try:
-        return int(_rv_of(a)) >= int(_rv_of(b))
+        return int(a) >= int(b)
     except ValueError:
         return False
 
