@@ -195,11 +195,12 @@ def run(target: Target, command: Callable[[Kube], Awaitable[T]]) -> T:
         from kubernetes_asyncio import client
 
         from shared.kube import Kube
+        from shared.kubeaccess import ApiClientTransport
 
         cfg = await configuration(files, target.context)
         server = str(cfg.host)
         async with client.ApiClient(configuration=cfg) as api:
-            return await command(Kube(api))
+            return await command(Kube(ApiClientTransport(api)))
 
     try:
         return asyncio.run(main())

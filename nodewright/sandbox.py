@@ -48,13 +48,13 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 import msgspec
-from kubernetes_asyncio import client, config
 
 from nodewright import liveview, manifests
 from nodewright.rig import Rig, RigError, helminstall, nodes
 from nodewright.rig.fleet import Fleet
 from nodewright.rig.realnode import NodeSpec
-from shared.kube import Kube, path_of
+from shared.config import KubeSettings
+from shared.kube import connect, path_of
 
 GPU_LABELS: Final = {"nodepool": "gpu", "nvidia.com/gpu.present": "true"}
 CPU_LABELS: Final = {"nodepool": "cpu"}
@@ -252,14 +252,6 @@ Logs of the rig's own components, while it runs: {self.rig.dir}
 """
 
 
-async def _client(rig: Rig) -> client.ApiClient:
-    cfg = client.Configuration()
-    await config.load_kube_config(
-        config_file=str(rig.endpoints.kubeconfig), client_configuration=cfg
-    )
-    return client.ApiClient(configuration=cfg)
-
-
 def _ready(raw: dict[str, Any]) -> bool:
     conditions = (raw.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
@@ -318,8 +310,7 @@ class Live:
 async def _rollout(
     rig: Rig, services: Services, screen: Screen, opts: Options, stop: asyncio.Event
 ) -> bool:
-    async with await _client(rig) as raw:
-        kube = Kube(raw)
+    async with connect(KubeSettings(kubeconfig=str(rig.endpoints.kubeconfig))) as kube:
         await manifests.install_crds(kube)
         await manifests.ensure_namespace(kube, NAMESPACE)
         names = await nodes.create_nodes(

@@ -1,8 +1,8 @@
 """The Kubernetes API client every service uses: JSON in, JSON out.
 
-One ``kubernetes_asyncio`` ``ApiClient`` per process (one aiohttp session; creating a client
-per API object leaks connections) provides configuration, credentials and connection
-pooling. On top of it :class:`Kube` speaks plain JSON dictionaries to REST paths: no model
+One transport per process (:mod:`shared.kubeaccess`: one aiohttp session with the
+kubeconfig's or the service account's credentials; a session per API object would leak
+connections). On top of it :class:`Kube` speaks plain JSON dictionaries to REST paths: no model
 classes, so custom resources, patches of every content type and watches all look the same,
 and nothing is deserialised twice. HTTP failures become :class:`ApiError` with the status
 code; a request that got no answer (connection refused or reset, a timeout) becomes an
@@ -20,13 +20,14 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
 
 import aiohttp
-from kubernetes_asyncio import client, config
 from prometheus_client import CollectorRegistry, Counter
 
+from shared import kubeaccess
 from shared.config import KubeSettings
 from shared.outages import Outage
 
@@ -148,7 +149,7 @@ def request_counter(registry: CollectorRegistry) -> RequestObserver:
 
 @dataclass(frozen=True)
 class Kube:
-    api: client.ApiClient
+    api: kubeaccess.Transport
     observe: RequestObserver | None = None
     outage: Outage = field(default_factory=api_server_outage, compare=False)
 
@@ -177,15 +178,13 @@ class Kube:
         code = "error"  # no answer: a timeout or a connection failure
         try:
             try:
-                resp = await self.api.call_api(
-                    path,
+                resp = await self.api.send(
                     method,
-                    query_params=params,
-                    header_params={"Accept": accept, "Content-Type": content_type},
+                    path,
+                    params=params,
+                    headers={"Accept": accept, "Content-Type": content_type},
                     body=body,
-                    auth_settings=["BearerToken"],
-                    _preload_content=False,
-                    _request_timeout=timeout_s,
+                    timeout_s=timeout_s,
                 )
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 self.outage.failed(repr(exc))
@@ -409,33 +408,35 @@ def _error(status: int, reason: str, text: str) -> ApiError:
     )
 
 
-async def configuration(settings: KubeSettings) -> client.Configuration:
-    cfg = client.Configuration()
-    if settings.kubeconfig:
-        await config.load_kube_config(config_file=settings.kubeconfig, client_configuration=cfg)
-    else:
-        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    cfg.connection_pool_maxsize = settings.qps_burst
-    return cfg
-
-
 @contextlib.asynccontextmanager
 async def connect(
     settings: KubeSettings, *, registry: CollectorRegistry | None = None
 ) -> AsyncIterator[Kube]:
-    """One client for the process; with ``registry``, its requests are counted there."""
-    cfg = await configuration(settings)
-    async with client.ApiClient(configuration=cfg) as api:
-        without_environment_lookups(api)
-        yield Kube(api, observe=request_counter(registry) if registry is not None else None)
+    """One client for the process; with ``registry``, its requests are counted there. A
+    ``ConfigError`` says what the kubeconfig or the service account lacks."""
+    transport = await _transport(settings)
+    try:
+        yield Kube(transport, observe=request_counter(registry) if registry is not None else None)
+    finally:
+        await transport.close()
 
 
-def without_environment_lookups(api: client.ApiClient) -> None:
-    """kubernetes_asyncio opens its aiohttp session with ``trust_env=True``: every request
-    then reads ~/.netrc and the proxy variables in a thread (5 to 25 % of a service's CPU,
-    issue 15). The API server is reached directly or through the kubeconfig's own
-    ``proxy-url`` (``Configuration.proxy``, passed per request), never through the
-    environment's proxy, so the lookups are turned off."""
+async def _transport(settings: KubeSettings) -> kubeaccess.Transport:
+    if not settings.kubeconfig:
+        return kubeaccess.Session(kubeaccess.in_cluster(), max_in_flight=settings.qps_burst)
+    path = Path(settings.kubeconfig)
+    if not kubeaccess.needs_plugin(path):
+        access = kubeaccess.from_kubeconfig(path)
+        return kubeaccess.Session(access, max_in_flight=settings.qps_burst)
+    # A credential plugin: kubernetes_asyncio runs it (and is imported only then).
+    from kubernetes_asyncio import client, config
+
+    cfg = client.Configuration()
+    await config.load_kube_config(config_file=str(path), client_configuration=cfg)
+    cfg.connection_pool_maxsize = settings.qps_burst
+    api = client.ApiClient(configuration=cfg)
     session = api.rest_client.pool_manager
     if isinstance(session, aiohttp.ClientSession):
+        # As in kubeaccess.Session: no environment lookups per request (issue 15).
         session._trust_env = False  # aiohttp has no public setter; the attribute is in ATTRS
+    return kubeaccess.ApiClientTransport(api)

@@ -32,7 +32,7 @@ from prometheus_client import (
     ProcessCollector,
 )
 
-from shared import bus, config, health, kube, logging as logging_
+from shared import bus, config, health, kube, kubeaccess, logging as logging_
 from shared.config import ServiceSettings
 
 RootTask = Callable[[], Coroutine[Any, Any, None]]
@@ -232,4 +232,9 @@ def main(
         print(f"{name}: invalid configuration: {exc}", file=sys.stderr)
         return 2
     logging_.configure(service=name, level=settings.log_level)
-    return asyncio.run(serve(name=name, settings=settings, build=build))
+    try:
+        return asyncio.run(serve(name=name, settings=settings, build=build))
+    except kubeaccess.ConfigError as exc:
+        # Permanent until the pod's spec or mounts change: exit, and say what is missing.
+        _log.error("Cannot configure the Kubernetes client", extra={"error": str(exc)})
+        return 2

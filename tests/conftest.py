@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, settings
 from kubernetes_asyncio import client, config
 
 from nodewright.rig import Rig
-from shared.kube import ApiError, Kube, path_of
+from shared.config import KubeSettings
+from shared.kube import ApiError, Kube, connect, path_of
 
 # Property tests judge the code, not the machine: on 2 cores shared with a rig, a Go build or
 # a running rollout, example generation and single examples can be slow for reasons that have
@@ -66,9 +67,11 @@ async def kube(rig: Rig) -> AsyncIterator[client.ApiClient]:
 
 
 @pytest.fixture
-async def kapi(kube: client.ApiClient) -> Kube:
-    """The JSON client the services use, with cluster-admin rights on the rig."""
-    return Kube(kube)
+async def kapi(rig: Rig) -> AsyncIterator[Kube]:
+    """The JSON client the services use (the same transport, shared.kubeaccess), with
+    cluster-admin rights on the rig."""
+    async with connect(KubeSettings(kubeconfig=str(rig.endpoints.kubeconfig))) as kube:
+        yield kube
 
 
 @pytest.fixture

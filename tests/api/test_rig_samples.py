@@ -61,12 +61,13 @@ async def test_printer_columns_and_ready_condition(objects: Objects) -> None:
     stored = await objects.kube.replace(f"{path}/status", body)
     assert api.from_dict(stored, api.NodeWright).status == status
 
-    resp = await objects.kube.api.call_api(
-        path,
+    resp = await objects.kube.api.send(
         "GET",
-        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
-        auth_settings=["BearerToken"],
-        _preload_content=False,
+        path,
+        params=[],
+        headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        body=None,
+        timeout_s=30,
     )
     try:
         table = json.loads(await resp.text())

@@ -3,9 +3,9 @@ service exposes on /metrics (checked against the real API server)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
-import aiohttp
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry
@@ -60,11 +60,20 @@ async def test_every_request_is_counted_by_verb_resource_and_code(kapi: Kube) ->
     }
 
 
-async def test_the_client_reads_no_proxy_or_netrc_from_the_environment(
+async def test_the_client_reads_no_proxy_from_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 15: every request looked up netrc and proxy settings in a thread. The
-    process's client must not (a proxy in the environment would otherwise be used too)."""
+    process's client must not: a proxy in the environment gets no connection (and the
+    request fails as the unreachable server's, a NoAnswer)."""
+    reached: list[bytes] = []
+
+    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        reached.append(await reader.readline())
+        writer.close()
+
+    server = await asyncio.start_server(proxy, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         yaml.safe_dump(
@@ -78,11 +87,15 @@ async def test_the_client_reads_no_proxy_or_netrc_from_the_environment(
             }
         )
     )
-    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
-    async with connect(KubeSettings(kubeconfig=str(kubeconfig))) as kube:
-        session = kube.api.rest_client.pool_manager
-        assert isinstance(session, aiohttp.ClientSession)
-        assert session.trust_env is False
+    for variable in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "ALL_PROXY"):
+        monkeypatch.setenv(variable, f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    async with server, connect(KubeSettings(kubeconfig=str(kubeconfig))) as kube:
+        with pytest.raises(ApiError) as failed:
+            await kube.get(path_of(plural="nodes"))
+    assert failed.value.status == 0
+    assert reached == []
 
 
 async def test_readiness_follows_the_outage_without_a_request_of_its_own() -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from kubernetes_asyncio import client
 
+from shared import kubeaccess
 from shared.kube import Kube, path_of
 from shared.leader import LeaderElector
 from tests.helpers.waiting import eventually
@@ -112,10 +113,11 @@ async def test_a_lease_long_dead_by_any_clock_is_taken_at_once(kapi: Kube, names
 async def test_an_unreachable_api_server_is_not_leadership_and_never_ends_the_election(
     kapi: Kube, namespace: str
 ) -> None:
-    cfg = client.Configuration()
-    cfg.host = "https://127.0.0.1:9"  # nothing listens: connection refused
-    cfg.verify_ssl = False
-    async with client.ApiClient(configuration=cfg) as raw:
+    # Nothing listens on port 9: connection refused.
+    refused = kubeaccess.Access(server="https://127.0.0.1:9", ssl=ssl.create_default_context())
+    async with contextlib.AsyncExitStack() as stack:
+        raw = kubeaccess.Session(refused, max_in_flight=1)
+        stack.push_async_callback(raw.close)
         lost = LeaderElector(
             kube=Kube(raw), namespace=namespace, name="election", identity="x", duration_s=1
         )

@@ -27,7 +27,8 @@ from nats.aio.client import Client as NATS
 
 from nodewright import manifests
 from nodewright.rig import Rig, helminstall
-from shared.kube import Kube, path_of
+from shared.config import KubeSettings
+from shared.kube import Kube, connect, path_of
 from tests.e2e import conftest as e2e
 
 pytestmark = pytest.mark.timeout(900)
@@ -177,11 +178,8 @@ def nats_cluster(rig: Rig, tmp_path_factory: pytest.TempPathFactory) -> NatsClus
 
 @contextlib.asynccontextmanager
 async def e2e_kube(rig: Rig) -> AsyncIterator[Kube]:
-    from tests.conftest import api_client
-
-    api = await api_client(rig)
-    async with api:
-        yield Kube(api)
+    async with connect(KubeSettings(kubeconfig=str(rig.endpoints.kubeconfig))) as kube:
+        yield kube
 
 
 async def install(rig: Rig, *extra: str, name: str = "nodewright") -> str:

@@ -1,0 +1,260 @@
+"""Reaching the API server without the generated client: the kubeconfig's current context,
+the pod's service account, and a session that verifies the server and sends the token
+(against a loopback HTTPS server with a certificate of its own)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from aiohttp import web
+
+from services.validator.webhook import CertBundle, issue
+from shared import kubeaccess
+from shared.config import KubeSettings
+from shared.kube import ApiError, connect
+
+NOW = datetime(2026, 12, 3, tzinfo=UTC)
+
+
+def _bundle(*hosts: str) -> CertBundle:
+    return issue(hosts, now=datetime.now(UTC), validity=timedelta(days=1))
+
+
+def _kubeconfig(
+    path: Path, cluster: dict[str, Any], user: dict[str, Any], *, current: str = "ctx"
+) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": cluster}],
+                "users": [{"name": "u", "user": user}],
+                "contexts": [
+                    {"name": "other", "context": {"cluster": "nowhere", "user": "u"}},
+                    {"name": "ctx", "context": {"cluster": "c", "user": "u"}},
+                ],
+                "current-context": current,
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[tuple[int, CertBundle, list[str]]]:
+    """An HTTPS server on loopback whose certificate names ``apiserver.test`` only; it
+    answers every GET with a NodeList and records the Authorization header it got."""
+    bundle = _bundle("apiserver.test")
+    (tmp_path / "srv.crt").write_bytes(bundle.cert)
+    (tmp_path / "srv.key").write_bytes(bundle.key)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(tmp_path / "srv.crt"), str(tmp_path / "srv.key"))
+    seen: list[str] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization", ""))
+        return web.json_response({"kind": "NodeList", "items": [], "q": dict(request.query)})
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield port, bundle, seen
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_kubeconfig_with_a_ca_file_and_a_token_reaches_the_server(
+    tmp_path: Path, server: tuple[int, CertBundle, list[str]]
+) -> None:
+    port, bundle, seen = server
+    (tmp_path / "certs").mkdir()
+    (tmp_path / "certs" / "ca.crt").write_bytes(bundle.ca_cert)
+    path = _kubeconfig(
+        tmp_path / "kubeconfig",
+        # Relative to the kubeconfig's directory, as kubectl reads it.
+        {
+            "server": f"https://127.0.0.1:{port}",
+            "certificate-authority": "certs/ca.crt",
+            "tls-server-name": "apiserver.test",
+        },
+        {"token": "s3cret"},
+    )
+    async with connect(KubeSettings(kubeconfig=str(path))) as kube:
+        got = await kube.get("/api/v1/nodes", limit=5, watch=False)
+    assert got["kind"] == "NodeList"
+    assert got["q"] == {"limit": "5", "watch": "false"}
+    assert seen == ["Bearer s3cret"]
+
+
+async def test_the_server_is_verified_against_the_kubeconfig_ca(
+    tmp_path: Path, server: tuple[int, CertBundle, list[str]]
+) -> None:
+    port, _, seen = server
+    other_ca = _bundle("elsewhere.test").ca_cert
+    path = _kubeconfig(
+        tmp_path / "kubeconfig",
+        {
+            "server": f"https://127.0.0.1:{port}",
+            "certificate-authority-data": base64.b64encode(other_ca).decode(),
+            "tls-server-name": "apiserver.test",
+        },
+        {"token": "s3cret"},
+    )
+    async with connect(KubeSettings(kubeconfig=str(path))) as kube:
+        with pytest.raises(ApiError) as failed:
+            await kube.get("/api/v1/nodes")
+    assert failed.value.status == 0  # no answer: the handshake failed
+    assert seen == []
+
+
+async def test_without_the_server_name_the_certificate_does_not_match(
+    tmp_path: Path, server: tuple[int, CertBundle, list[str]]
+) -> None:
+    port, bundle, seen = server
+    path = _kubeconfig(
+        tmp_path / "kubeconfig",
+        {
+            "server": f"https://127.0.0.1:{port}",
+            "certificate-authority-data": base64.b64encode(bundle.ca_cert).decode(),
+        },
+        {},
+    )
+    async with connect(KubeSettings(kubeconfig=str(path))) as kube:
+        with pytest.raises(ApiError):
+            await kube.get("/api/v1/nodes")
+    assert seen == []
+
+
+async def test_insecure_skip_tls_verify_skips_the_check_and_no_user_sends_no_token(
+    tmp_path: Path, server: tuple[int, CertBundle, list[str]]
+) -> None:
+    port, _, seen = server
+    path = _kubeconfig(
+        tmp_path / "kubeconfig",
+        {"server": f"https://127.0.0.1:{port}", "insecure-skip-tls-verify": True},
+        {},
+    )
+    async with connect(KubeSettings(kubeconfig=str(path))) as kube:
+        await kube.get("/api/v1/nodes")
+    assert seen == [""]
+
+
+def test_a_token_file_is_read_again_once_it_may_have_rotated(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("one\n")
+    path = _kubeconfig(
+        tmp_path / "kubeconfig", {"server": "https://127.0.0.1:1"}, {"tokenFile": "token"}
+    )
+    token = kubeaccess.from_kubeconfig(path).token
+    assert token is not None
+    assert token.current(100.0) == "one"
+    (tmp_path / "token").write_text("two\n")
+    assert token.current(100.0 + kubeaccess.TOKEN_REREAD_S - 1) == "one"
+    assert token.current(100.0 + kubeaccess.TOKEN_REREAD_S) == "two"
+
+
+def test_a_client_certificate_is_loaded_and_half_a_pair_is_refused(tmp_path: Path) -> None:
+    client = _bundle("nodewright-admin")
+    pair = {
+        "client-certificate-data": base64.b64encode(client.cert).decode(),
+        "client-key-data": base64.b64encode(client.key).decode(),
+    }
+    path = _kubeconfig(tmp_path / "kubeconfig", {"server": "https://127.0.0.1:1"}, pair)
+    assert kubeaccess.from_kubeconfig(path).token is None
+    mismatched = {**pair, "client-key-data": base64.b64encode(_bundle("x").key).decode()}
+    _kubeconfig(path, {"server": "https://127.0.0.1:1"}, mismatched)
+    with pytest.raises(kubeaccess.ConfigError, match="client key does not match"):
+        kubeaccess.from_kubeconfig(path)
+    half = {"client-certificate-data": pair["client-certificate-data"]}
+    _kubeconfig(path, {"server": "https://127.0.0.1:1"}, half)
+    with pytest.raises(kubeaccess.ConfigError, match="not both"):
+        kubeaccess.from_kubeconfig(path)
+
+
+@pytest.mark.parametrize(
+    ("cluster", "current", "message"),
+    [
+        ({"server": "https://127.0.0.1:1"}, "missing", "current-context 'missing'"),
+        ({"server": "https://127.0.0.1:1"}, "other", "names cluster 'nowhere'"),
+        ({}, "ctx", "has no server"),
+        (
+            {"server": "https://x", "certificate-authority": "absent.crt"},
+            "ctx",
+            "cannot read certificate-authority",
+        ),
+    ],
+)
+def test_a_kubeconfig_that_cannot_work_says_what_is_missing(
+    tmp_path: Path, cluster: dict[str, Any], current: str, message: str
+) -> None:
+    path = _kubeconfig(tmp_path / "kubeconfig", cluster, {"token": "t"}, current=current)
+    with pytest.raises(kubeaccess.ConfigError, match=message):
+        kubeaccess.from_kubeconfig(path)
+
+
+async def test_a_credential_plugin_goes_to_kubernetes_asyncio(tmp_path: Path) -> None:
+    credential = {
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "kind": "ExecCredential",
+        "status": {"token": "from-plugin"},
+    }
+    plugin = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": "sh",
+            "args": ["-c", f"echo '{json.dumps(credential)}'"],
+            "interactiveMode": "Never",
+        }
+    }
+    path = _kubeconfig(tmp_path / "kubeconfig", {"server": "https://127.0.0.1:1"}, plugin)
+    assert kubeaccess.needs_plugin(path)
+    async with connect(KubeSettings(kubeconfig=str(path))) as kube:
+        assert isinstance(kube.api, kubeaccess.ApiClientTransport)
+
+
+def test_in_cluster_reads_the_service_account_and_the_environment(tmp_path: Path) -> None:
+    with pytest.raises(kubeaccess.ConfigError, match="KUBERNETES_SERVICE_HOST"):
+        kubeaccess.in_cluster(tmp_path, env={})
+    env = {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"}
+    with pytest.raises(kubeaccess.ConfigError, match="token is missing"):
+        kubeaccess.in_cluster(tmp_path, env=env)
+    (tmp_path / "token").write_text("sa-token")
+    (tmp_path / "ca.crt").write_bytes(_bundle("kubernetes.default").ca_cert)
+    access = kubeaccess.in_cluster(tmp_path, env=env)
+    assert access.server == "https://[fd00::1]:443"
+    assert access.token is not None
+    assert access.token.current(0.0) == "sa-token"
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "services.scheduler.service",
+        "services.drainer.service",
+        "services.executor.service",
+        "services.validator.service",
+        "services.status.service",
+    ],
+)
+def test_a_service_does_not_load_the_generated_client(module: str) -> None:
+    """Issue 15: importing kubernetes_asyncio's client cost each service ~34 MB."""
+    probe = f"import sys, {module}; print('kubernetes_asyncio' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "False"
