@@ -49,7 +49,6 @@ from typing import Any
 
 import aiohttp
 import nats
-from kubernetes_asyncio import client, config
 
 from bench.rollout import consumer_backlog
 from nodewright import manifests
@@ -57,8 +56,9 @@ from nodewright.rig import Rig, nodes
 from nodewright.rig.faults import FaultProxy
 from nodewright.rig.fleet import SERVICES, Fleet
 from shared import events, nodestate
+from shared.config import KubeSettings
 from shared.informer import Informer
-from shared.kube import ApiError, Kube, path_of
+from shared.kube import ApiError, Kube, connect, path_of
 from shared.records.scheduler import Selection
 
 CR = "faults"
@@ -414,13 +414,8 @@ async def run(plan: Plan, rig: Rig) -> Report:
             "NODEWRIGHT_PODS_SIM_STAGE_DURATION": plan.stage_duration,
         },
     )
-    cfg = client.Configuration()
-    await config.load_kube_config(
-        config_file=str(rig.endpoints.kubeconfig), client_configuration=cfg
-    )
     try:
-        async with client.ApiClient(configuration=cfg) as raw:
-            kube = Kube(raw)
+        async with connect(KubeSettings(kubeconfig=str(rig.endpoints.kubeconfig))) as kube:
             await manifests.install_crds(kube)
             await manifests.ensure_namespace(kube, NAMESPACE)
             names = [f"gpu-{i:05d}" for i in range(plan.nodes)]

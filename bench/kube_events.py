@@ -29,13 +29,12 @@ import time
 from collections import Counter
 from typing import Any
 
-from kubernetes_asyncio import client, config
-
 from bench.rollout import api_requests
 from nodewright import manifests
 from nodewright.rig import Rig, nodes
 from nodewright.rig.fleet import Fleet
-from shared.kube import Kube, path_of
+from shared.config import KubeSettings
+from shared.kube import connect, path_of
 
 COMPONENT = "nodewright-status"
 EXAMPLE = "nodewright-gpu-node-tuning.yaml"
@@ -50,12 +49,7 @@ def ours(event: dict[str, Any]) -> bool:
 
 
 async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any]:
-    cfg = client.Configuration()
-    await config.load_kube_config(
-        config_file=str(rig.endpoints.kubeconfig), client_configuration=cfg
-    )
-    async with client.ApiClient(configuration=cfg) as api:
-        kube = Kube(api)
+    async with connect(KubeSettings(kubeconfig=str(rig.endpoints.kubeconfig))) as kube:
         await manifests.install_crds(kube)
         await manifests.ensure_namespace(kube, fleet.namespace)
         names = await nodes.create_nodes(

@@ -55,14 +55,14 @@ from pathlib import Path
 from typing import Any
 
 import nats
-from kubernetes_asyncio import client, config
 
 from nodewright import manifests
 from nodewright.rig import Rig, nodes
 from nodewright.rig.fleet import SERVICES, Fleet, Replica
 from shared import nodestate
+from shared.config import KubeSettings
 from shared.informer import Informer
-from shared.kube import Kube, path_of
+from shared.kube import connect, path_of
 from shared.records.scheduler import Selection
 
 _METRIC = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>[0-9.e+]+)$")
@@ -266,12 +266,7 @@ def parse_duration(text: str) -> float:
 
 async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any]:
     load_start = load()
-    cfg = client.Configuration()
-    await config.load_kube_config(
-        config_file=str(rig.endpoints.kubeconfig), client_configuration=cfg
-    )
-    async with client.ApiClient(configuration=cfg) as raw:
-        kube = Kube(raw)
+    async with connect(KubeSettings(kubeconfig=str(rig.endpoints.kubeconfig))) as kube:
         await manifests.install_crds(kube)
         await manifests.ensure_namespace(kube, "nodewright-system")
         names = [f"bench-{i:05d}" for i in range(args.nodes)]
