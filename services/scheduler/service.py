@@ -70,6 +70,7 @@ class Scheduler:
         self.settings = ctx.settings.scheduler
         self._decide = asyncio.Lock()
         self._facts = fleet.FactsCache()
+        self._finalize_waits: dict[str, int] = {}  # NodeWright -> pending count last logged
         self.publisher = streaming.Publisher(
             ctx.bus, source=f"{NAME}/{ctx.identity}", registry=ctx.registry
         )
@@ -151,6 +152,7 @@ class Scheduler:
             return None
         raw = self.crs.get(name)
         if raw is None:
+            self._finalize_waits.pop(name, None)
             return await self._tidy_outboxes(name)
         try:
             cr = api.from_dict(raw, api.NodeWright)
@@ -240,13 +242,17 @@ class Scheduler:
         if outcome.lost:
             self.controller.queue.add(name, after=0.5)  # lost writes: decide again soon
         if finalizer.action == "wait":
-            _log.info(
-                "Waiting to finalize NodeWright",
-                extra={"nodewright": name, "pending": len(finalizer.pending)},
-            )
+            # Once per change of what is pending, not once per pass (20 a second here).
+            if self._finalize_waits.get(name) != len(finalizer.pending):
+                self._finalize_waits[name] = len(finalizer.pending)
+                _log.info(
+                    "Waiting to finalize NodeWright",
+                    extra={"nodewright": name, "pending": len(finalizer.pending)},
+                )
         elif finalizer.action == "remove" and await self._set_finalizers(
             cr, [f for f in cr.metadata.finalizers if f != core.FINALIZER]
         ):
+            self._finalize_waits.pop(name, None)
             _log.info("Finalized NodeWright", extra={"nodewright": name})
         elif finalizer.action == "remove":
             self.controller.queue.add(name, after=0.5)
