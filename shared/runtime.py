@@ -184,10 +184,12 @@ async def _context(*, name: str, settings: ServiceSettings) -> AsyncIterator[Ser
     probes = health.Probes()
     pages = health.Pages()
     async with contextlib.AsyncExitStack() as stack:
+        # The Kubernetes client first: it reads local credentials only, so a kubeconfig or
+        # service account that cannot work is reported at once, not after NATS answers.
+        api = await stack.enter_async_context(kube.connect(settings.kube, registry=registry))
         nats_bus = await stack.enter_async_context(
             bus.connect(settings.nats, name=f"{name}/{identity}", stopping=supervisor.stopping)
         )
-        api = await stack.enter_async_context(kube.connect(settings.kube, registry=registry))
         probes.add("nats", nats_bus.ready)
         probes.add("kube", api.ready)
         port = await stack.enter_async_context(

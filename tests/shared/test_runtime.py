@@ -89,3 +89,22 @@ def test_kubernetes_service_link_variables_are_not_settings() -> None:
     # ... and a link-shaped name of no Service is a misspelt setting.
     with pytest.raises(config.ConfigError, match="NODEWRIGHT_NATS_PORT"):
         config.load(config.ServiceSettings, {"NODEWRIGHT_NATS_PORT": "4222"})
+
+
+def test_credentials_that_cannot_work_stop_the_service_at_once_naming_what_to_set(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reported before NATS is tried: with no NATS either, the service used to wait for it
+    and say nothing about the kubeconfig."""
+
+    async def build(ctx: runtime.ServiceContext) -> None:
+        raise AssertionError("never built")
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # as outside a pod
+
+    environ = {"NODEWRIGHT_NATS_URL": "nats://127.0.0.1:9", "NODEWRIGHT_HEALTH_PORT": "0"}
+    code = runtime.main(
+        name="tester", settings_type=config.ServiceSettings, build=build, environ=environ
+    )
+    assert code == 2
+    assert "set NODEWRIGHT_KUBE_KUBECONFIG" in capsys.readouterr().err
