@@ -74,6 +74,30 @@ def strip_managed_fields(obj: JSON) -> JSON:
     return obj
 
 
+LAST_APPLIED: Final = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def slim_node(obj: JSON) -> JSON:
+    """The transform of every service's node cache: the metadata (but managedFields and
+    kubectl's last-applied copy of an older object) and the spec whole, and of the status
+    only what NodeWright reads, its conditions and boot ID (``shared.progress``). A real
+    node's status is mostly its image list and capacities, several times all the rest: at
+    thousands of nodes in five processes they would dominate the services' memory (issue
+    15)."""
+    obj = strip_managed_fields(obj)
+    annotations = (obj.get("metadata") or {}).get("annotations")
+    if isinstance(annotations, dict):
+        annotations.pop(LAST_APPLIED, None)
+    status = obj.get("status")
+    if isinstance(status, dict):
+        boot_id = (status.get("nodeInfo") or {}).get("bootID") or ""
+        obj["status"] = {
+            "conditions": status.get("conditions") or [],
+            "nodeInfo": {"bootID": boot_id},
+        }
+    return obj
+
+
 @dataclass
 class Informer:
     kube: Kube

@@ -41,7 +41,7 @@ from shared import (
 )
 from shared.controller import Controller, NodeKey
 from shared.decisions import Keep
-from shared.informer import Informer, key_of
+from shared.informer import Informer, key_of, slim_node
 from shared.kube import JSON, ApiError, path_of
 from shared.records.drainer import DrainRecord
 
@@ -80,7 +80,9 @@ class Drainer:
         """Keys whose drain a PDB refused, by the PDBs named: a PDB change re-queues them."""
         c = self.controller
         self.crs: Informer = c.watch(NODEWRIGHTS, to_keys=self._cr_keys, name="nodewrights")
-        self.nodes: Informer = c.watch(NODES, to_keys=self._node_keys, name="nodes")
+        self.nodes: Informer = c.watch(
+            NODES, to_keys=self._node_keys, name="nodes", transform=slim_node
+        )
         self.pods: Informer = c.watch(
             PODS,
             # Unbound pods cannot be on a node being drained; leaving them out saves memory.

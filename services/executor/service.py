@@ -42,7 +42,7 @@ from shared import (
 )
 from shared.controller import Controller, NodeKey, PodIndex
 from shared.decisions import NodeDecision, Remove, Write
-from shared.informer import Informer
+from shared.informer import Informer, slim_node
 from shared.kube import JSON, ApiError, path_of
 from shared.records.executor import ExecutorRecord
 
@@ -79,7 +79,9 @@ class Executor:
         self.metadata_index = MetadataIndex()
         c = self.controller
         self.crs: Informer = c.watch(NODEWRIGHTS, to_keys=self._cr_keys, name="nodewrights")
-        self.nodes: Informer = c.watch(NODES, to_keys=self._node_keys, name="nodes")
+        self.nodes: Informer = c.watch(
+            NODES, to_keys=self._node_keys, name="nodes", transform=slim_node
+        )
         self.pods: Informer = c.watch(
             path_of(plural="pods", namespace=ctx.settings.namespace),
             label_selector=pods.selector("stage", "interrupt"),

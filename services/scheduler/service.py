@@ -46,7 +46,7 @@ from shared import (
     subjects,
 )
 from shared.controller import Controller, patch_node
-from shared.informer import Informer
+from shared.informer import Informer, slim_node
 from shared.kube import JSON, ApiError, path_of
 from shared.leader import LeaderElector
 from shared.records.scheduler import Selection
@@ -86,7 +86,9 @@ class Scheduler:
         c = self.controller
         self.crs: Informer = c.watch(NODEWRIGHTS, to_keys=self._cr_keys, name="nodewrights")
         self.policies: Informer = c.watch(POLICIES, to_keys=self._policy_keys, name="policies")
-        self.nodes: Informer = c.watch(NODES, to_keys=self._node_keys, name="nodes")
+        self.nodes: Informer = c.watch(
+            NODES, to_keys=self._node_keys, name="nodes", transform=slim_node
+        )
         self.node_port = nodeshell.KubeNodes(ctx.kube, self.nodes)
         self.bus_port = nodeshell.BusEvents(self.publisher)
         c.consume(

@@ -45,7 +45,7 @@ from services.status import assessing, core, kube_events, metrics, webpage
 from services.status.config import Settings
 from shared import api, events, nodestate, progress, runtime, streaming, subjects
 from shared.controller import Controller
-from shared.informer import Informer, strip_managed_fields
+from shared.informer import Informer, slim_node
 from shared.kube import JSON, ApiError, path_of
 from shared.rollout import fleet
 
@@ -93,20 +93,6 @@ def _signature(node: Mapping[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def _slim_node(obj: JSON) -> JSON:
-    """Keep of a node's status only what NodeWright status depends on (conditions, boot
-    ID): at thousands of nodes, images and capacities would dominate the cache."""
-    obj = strip_managed_fields(obj)
-    status = obj.get("status")
-    if isinstance(status, dict):
-        boot_id = (status.get("nodeInfo") or {}).get("bootID") or ""
-        obj["status"] = {
-            "conditions": status.get("conditions") or [],
-            "nodeInfo": {"bootID": boot_id},
-        }
-    return obj
-
-
 class NodeWrightGauges:
     """A Prometheus collector of the NodeWright gauges (:mod:`services.status.metrics`): the
     samples of each NodeWright's latest status pass, replaced whole by the next one and
@@ -145,7 +131,7 @@ class Status:
         self.crs: Informer = c.watch(NODEWRIGHTS, to_keys=self._cr_keys, name="nodewrights")
         self.policies: Informer = c.watch(POLICIES, to_keys=self._policy_keys, name="policies")
         self.nodes: Informer = c.watch(
-            NODES, to_keys=self._node_keys, name="nodes", transform=_slim_node
+            NODES, to_keys=self._node_keys, name="nodes", transform=slim_node
         )
         self._selectors: dict[str, tuple[str, api.LabelSelector | None]] = {}
         self._facts = fleet.FactsCache()

@@ -40,7 +40,7 @@ from shared import (
 )
 from shared.controller import Controller, NodeKey, PodIndex
 from shared.decisions import NodeDecision, Remove, Write
-from shared.informer import Informer
+from shared.informer import Informer, slim_node
 from shared.kube import JSON, path_of
 from shared.records.validator import ValidatorRecord
 
@@ -78,7 +78,9 @@ class Validator:
         self._auto_taint_memo: dict[str, tuple[str, api.NodeWright]] = {}
         c = self.controller
         self.crs: Informer = c.watch(NODEWRIGHTS, to_keys=self._cr_keys, name="nodewrights")
-        self.nodes: Informer = c.watch(NODES, to_keys=self._node_keys, name="nodes")
+        self.nodes: Informer = c.watch(
+            NODES, to_keys=self._node_keys, name="nodes", transform=slim_node
+        )
         self.pods: Informer = c.watch(
             path_of(plural="pods", namespace=ctx.settings.namespace),
             label_selector=pods.selector("check"),
