@@ -183,6 +183,18 @@ class PodIndex:
             self._by_key.setdefault(key, set()).add(key_of(obj))
 
 
+def status_only(old: JSON | None, new: JSON | None) -> bool:
+    """A NodeWright change that no per-node decision reads: its status (written by the
+    status service on every change of a rollout) or its finalizers. What the drainer, the
+    executor and the validator decide from is its spec (the generation), its annotations
+    (pause, the batch book) and whether it is being deleted; waking every node of the
+    NodeWright for the rest cost each of them a pass over all its nodes (issue 15)."""
+    if old is None or new is None:
+        return False
+    a, b = old.get("metadata") or {}, new.get("metadata") or {}
+    return all(a.get(k) == b.get(k) for k in ("generation", "annotations", "deletionTimestamp"))
+
+
 async def patch_node(kube: Kube, nodes: Informer, name: str, body: JSON) -> bool:
     """Merge-patch a node (``body`` normally carries a resourceVersion precondition) and
     write the result through to the cache. False when the node changed or is gone: the

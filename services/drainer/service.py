@@ -39,7 +39,7 @@ from shared import (
     streaming,
     subjects,
 )
-from shared.controller import Controller, NodeKey
+from shared.controller import Controller, NodeKey, status_only
 from shared.decisions import Keep
 from shared.informer import Informer, key_of, slim_node
 from shared.kube import JSON, ApiError, path_of
@@ -133,7 +133,7 @@ class Drainer:
         obj = new or old
         if not obj:
             return []
-        if old is not None and new is not None and _same_to_drainer(old, new):
+        if status_only(old, new):
             return []  # a status update (frequent during a rollout) changes no decision
         name = str(obj["metadata"]["name"])
         # On delete too: every node carrying this CR's records is released.
@@ -378,11 +378,6 @@ def _code(record: DrainRecord) -> str:
 
 def _node_of(pod: JSON) -> str:
     return str((pod.get("spec") or {}).get("nodeName") or "")
-
-
-def _same_to_drainer(old: JSON, new: JSON) -> bool:
-    a, b = old.get("metadata") or {}, new.get("metadata") or {}
-    return all(a.get(k) == b.get(k) for k in ("generation", "annotations", "deletionTimestamp"))
 
 
 async def build(ctx: runtime.ServiceContext) -> None:

@@ -38,7 +38,7 @@ from shared import (
     streaming,
     subjects,
 )
-from shared.controller import Controller, NodeKey, PodIndex
+from shared.controller import Controller, NodeKey, PodIndex, status_only
 from shared.decisions import NodeDecision, Remove, Write
 from shared.informer import Informer, slim_node
 from shared.kube import JSON, path_of
@@ -170,6 +170,8 @@ class Validator:
         obj = new or old
         if not obj:
             return []
+        if status_only(old, new):
+            return []  # a status update (frequent during a rollout) changes no decision
         cr = obj["metadata"]["name"]
         return [k for k in self.all_keys() if k[0] == cr]
 
