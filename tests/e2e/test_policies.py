@@ -580,7 +580,10 @@ async def test_priority_holds_a_later_nodewright_back_per_node_or_everywhere_by_
     }
     bodies = [
         _cr("early-node", pool="sn", priority=1, sequencing="node", interruptionBudget=one),
-        _cr("late-node", pool="sn", priority=2, interruptionBudget=one),
+        # Two: the node early-node has cordoned counts against late-node's budget too (a
+        # disrupted node of its pool), so with one late-node could start only in the gap
+        # between two of early-node's nodes, a race the drainer often won under CI load.
+        _cr("late-node", pool="sn", priority=2, interruptionBudget={"count": 2}),
         # early-all does not target sx-0; late-all waits there too.
         _cr("early-all", pool="sa", priority=3, sequencing="all", interruptionBudget=one),
         _cr(
