@@ -495,7 +495,7 @@ def node() -> None:
 def node_list(
     ctx: click.Context, nodewright: str, fmt: str, kubeconfig: str | None, context: str | None
 ) -> None:
-    """List a NodeWright's target nodes: phase, turn, reason and packages of each."""
+    """List a NodeWright's target nodes: state, turn, reason and packages of each."""
     from nodewright import node_cmd
 
     node_cmd.run_verb(

@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared import api, nodestate, progress
-from shared.records.status import StatusRecord
+from shared import api, progress
+from shared.records.status import find_condition, reported
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,8 @@ class NodeLine:
     batch: int | None
     """The batch it was admitted in; None while it waits for one."""
     phase: str
-    """The status service's phase, or what the records say before it reported."""
+    """The status service's state (its node condition) where the node waits, is blocked or
+    failed, else whose turn it is by the services' records."""
     stage: str
     """The stage running or last run ("" before the first), e.g. ``apply running``."""
     reason: str
@@ -120,17 +121,14 @@ def snapshot(raw_cr: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]) -> S
         if not progress.selector_matches(cr.spec.node_selectors, f.labels):
             continue
         targets += 1
-        try:
-            record = nodestate.read(node, nodestate.STATUS, name, StatusRecord)
-        except ValueError:
-            record = None
+        record = reported(find_condition(node, name))
         turn = progress.turn(cr, f)
         sel = f.selection
         line = NodeLine(
             name=f.name,
             compartment=sel.compartment if sel is not None else "",
             batch=sel.batch if sel is not None else None,
-            phase=record.phase if record is not None else turn,
+            phase=record.state if record is not None and record.reason is not None else turn,
             stage=_stage(cr, f),
             reason=(
                 f"{record.reason.code}: {record.reason.message}"

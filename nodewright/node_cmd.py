@@ -32,7 +32,7 @@ from nodewright.connecting import CommandError, Target, run
 from shared import api, nodestate, progress
 from shared.kube import ApiError, Kube, path_of
 from shared.nodestate import Request, RequestAction
-from shared.records.status import StatusRecord
+from shared.records.status import Reported, find_condition, reported, reported_crs
 
 __all__ = ["CommandError", "DryRun"]
 
@@ -94,8 +94,9 @@ async def get_nodewright(client: Kube, name: str) -> api.NodeWright | None:
 
 
 def crs_on(node: dict[str, Any]) -> list[str]:
-    """NodeWrights with any record on the node, sorted."""
-    return sorted({cr for owner in _OWNERS for cr in nodestate.crs_with(node, owner)})
+    """NodeWrights with any record or the status service's condition on the node, sorted."""
+    names = {cr for owner in _OWNERS for cr in nodestate.crs_with(node, owner)}
+    return sorted(names | set(reported_crs(node)))
 
 
 def chosen(node: dict[str, Any], only: str) -> list[str]:
@@ -174,20 +175,17 @@ class CrView:
     name: str
     cr: api.NodeWright | None
     facts: progress.NodeFacts
-    status: StatusRecord | None
+    status: Reported | None
+    """What the status service's node condition says."""
     requests: nodestate.Requests
 
 
 def view(node: dict[str, Any], name: str, cr: api.NodeWright | None) -> CrView:
-    try:
-        status = nodestate.read(node, nodestate.STATUS, name, StatusRecord)
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        status = None
     return CrView(
         name=name,
         cr=cr,
         facts=progress.facts(node, name),
-        status=status,
+        status=reported(find_condition(node, name)),
         requests=nodestate.read_requests(node, name),
     )
 
@@ -234,10 +232,10 @@ def describe(v: CrView, node: dict[str, Any]) -> list[str]:
     f = v.facts
     lines = [f"NodeWright {v.name}" + ("" if v.cr is not None else " (the NodeWright is gone)")]
     if v.status is not None:
-        lines.append(f"  phase:    {v.status.phase}   since {v.status.since.isoformat()}")
+        lines.append(f"  state:    {v.status.state}   since {v.status.since.isoformat()}")
         lines.append(f"  reason:   {_reason(v.status.reason)}")
     else:
-        lines.append("  phase:    - (the status service has not reported on this node)")
+        lines.append("  state:    - (the status service has not reported on this node)")
     if v.cr is not None:
         lines.append(f"  turn:     {shown_turn(v.cr, f)}")
     if f.selection is not None:
@@ -371,7 +369,7 @@ def list_rows(cr: api.NodeWright, nodes: Sequence[dict[str, Any]]) -> list[dict[
         rows.append(
             {
                 "node": v.facts.name,
-                "phase": v.status.phase if v.status is not None else None,
+                "state": v.status.state if v.status is not None else None,
                 "turn": shown_turn(cr, v.facts),
                 "reason": msgspec.to_builtins(reason) if reason is not None else None,
                 "since": v.status.since.isoformat() if v.status is not None else None,
@@ -385,10 +383,10 @@ def list_rows(cr: api.NodeWright, nodes: Sequence[dict[str, Any]]) -> list[dict[
     return rows
 
 
-LIST_HEADERS = ("NODE", "PHASE", "TURN", "REASON", "PACKAGES")
+LIST_HEADERS = ("NODE", "STATE", "TURN", "REASON", "PACKAGES")
 LIST_WIDE_HEADERS = (
     "NODE",
-    "PHASE",
+    "STATE",
     "TURN",
     "REASON",
     "COMPARTMENT",
@@ -401,7 +399,7 @@ LIST_WIDE_HEADERS = (
 
 
 def render_list(name: str, rows: Sequence[Mapping[str, Any]], *, wide: bool = False) -> str:
-    """The ``node list`` table: NODE PHASE TURN REASON PACKAGES; wide adds where the node was
+    """The ``node list`` table: NODE STATE TURN REASON PACKAGES; wide adds where the node was
     admitted, whether it is cordoned, and the reason's message."""
     if not rows:
         return f"NodeWright {name} selects no node."
@@ -409,7 +407,7 @@ def render_list(name: str, rows: Sequence[Mapping[str, Any]], *, wide: bool = Fa
     for r in rows:
         reason = r["reason"]
         packages = ", ".join(package_cell(p) for p in r["packages"]) or "-"
-        head = [r["node"], r["phase"] or "-", r["turn"], reason["code"] if reason else "-"]
+        head = [r["node"], r["state"] or "-", r["turn"], reason["code"] if reason else "-"]
         if not wide:
             cells.append([*head, packages])
             continue

@@ -10,8 +10,12 @@ annotation                                             owner       meaning
 ``drainer.nodewright.nvidia.com/<cr>``                 drainer     cordon ownership, drain phase
 ``executor.nodewright.nvidia.com/<cr>``                executor    per-package version and stage
 ``validator.nodewright.nvidia.com/<cr>``               validator   check verdicts, node validation
-``status.nodewright.nvidia.com/<cr>``                  status      the summary people read
+``status.nodewright.nvidia.com/<cr>``                  status      none: written by earlier
+                                                                   versions, now only removed
 =====================================================  ==========  ==============================
+
+(The status service's summary of a node is its node condition ``nodewright.nvidia.com/<cr>``,
+``shared.records.status``.)
 
 Values are compact JSON of each owner's record (``shared.records.<owner>``; a service imports
 only its own, import-linter enforces it). This module holds what they all share: the keys,

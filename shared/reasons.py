@@ -1,7 +1,7 @@
 """The one vocabulary of machine-readable reasons NodeWright gives for a node.
 
 Every ``Reason.code`` a service writes into its record, and every reason the status service
-shows in ``status.nodeDetails[].reason``, the node condition and the node's status record, is
+shows in ``status.nodeDetails[].reason`` and the node condition ``nodewright.nvidia.com/<cr>`` is
 one of the constants here, grouped by who produces it. Codes are stable CamelCase
 identifiers: tools match on them, so a code is never renamed, only added (docs/api.md lists
 them with their meaning and the way out).

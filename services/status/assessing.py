@@ -1,8 +1,8 @@
 """Where each node stands for a NodeWright, as the status service reports it: pure.
 
 For every node that is a target of the CR or carries a record of it, :func:`assess` gives a
-phase (the fine-grained one of the status record and node condition), the coarse state the
-CR status counts, a machine-readable reason, the package concerned and since when:
+phase (the fine-grained one the web page shows), the coarse state the node condition and the
+CR status count, a machine-readable reason, the package concerned and since when:
 
 - whose turn it is comes from ``shared.progress.turn``, so every service agrees;
 - a node the scheduler has not admitted shows the rollout kernel's verdict
@@ -13,10 +13,10 @@ CR status counts, a machine-readable reason, the package concerned and since whe
   drainer's reason; any failed record makes it Failed with that record's reason; a record
   that does not decode makes it Blocked (NodeStateMalformed).
 
-``since`` is the time a record gives for the state, else the previous status record's while
-phase and reason are unchanged, else ``now``: an unchanged world gives equal views. Nothing
-here raises on odd records. Summing views into the CR status is ``services.status.core``'s
-job; reading caches and writing is the shell's.
+``since`` is the time a record gives for the state, else the time of the node condition the
+status service wrote while state and reason are unchanged (:class:`Reported`), else ``now``:
+an unchanged world gives equal views. Nothing here raises on odd records. Summing views into
+the CR status is ``services.status.core``'s job; reading caches and writing is the shell's.
 """
 
 from __future__ import annotations
@@ -27,12 +27,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-import msgspec
-
 from shared import api, nodestate, progress, reasons
 from shared.events import Reason
 from shared.progress import NodeFacts
-from shared.records.status import NodePhase, StatusRecord
+from shared.records.status import (
+    REASONED,
+    NodePhase,
+    Reported,
+    condition_type as condition_type,
+    find_condition,
+    reported,
+)
 from shared.rollout import kernel
 from shared.rollout.book import CompartmentBatch
 from shared.rollout.rules import DEFAULT_COMPARTMENT
@@ -47,7 +52,8 @@ STATE_OF: Final[Mapping[NodePhase, api.NodeState]] = {
     "Failed": "Failed",
     "Complete": "Complete",
 }
-"""Each phase (status record, node condition) is one state (counts, node details)."""
+"""Each phase (the view's, shown by the web page) is one state (node condition, counts, node
+details)."""
 
 MESSAGE_MAX: Final = 1024
 _REASON_OBJECTS: Final = 10
@@ -68,36 +74,24 @@ _OWNERS: Final = (
 
 @dataclass(frozen=True)
 class Observed:
-    """One node for one CR: the facts every service shares, plus the status record and the
-    node condition this service wrote there before."""
+    """One node for one CR: the facts every service shares, plus the node condition this
+    service wrote there before."""
 
     facts: NodeFacts
-    record: StatusRecord | None = None
-    record_raw: str | None = None
-    """The status annotation as this pass read it (it may not decode: then it is
-    rewritten); the record's write replaces exactly this value or nothing."""
     condition: Mapping[str, Any] | None = None
     """The node condition ``nodewright.nvidia.com/<cr>``, as the API returned it."""
+    legacy_record: str | None = None
+    """The status record annotation ``status.nodewright.nvidia.com/<cr>`` an earlier version
+    wrote once per step: the status service removes it (this value, compare-and-swap)."""
 
     @property
     def name(self) -> str:
         return self.facts.name
 
     @property
-    def record_present(self) -> bool:
-        return self.record_raw is not None
-
-
-def condition_type(cr: str) -> str:
-    """The node condition type carrying a CR's summary on each node."""
-    return f"{nodestate.DOMAIN}/{cr}"
-
-
-def _find_condition(node: Mapping[str, Any], ctype: str) -> Mapping[str, Any] | None:
-    for cond in (node.get("status") or {}).get("conditions") or ():
-        if isinstance(cond, Mapping) and cond.get("type") == ctype:
-            return cond
-    return None
+    def reported(self) -> Reported | None:
+        """What the condition said (the previous pass's report)."""
+        return reported(self.condition)
 
 
 def involves(node: Mapping[str, Any], cr: str, selector: api.LabelSelector | None) -> bool:
@@ -110,20 +104,15 @@ def involves(node: Mapping[str, Any], cr: str, selector: api.LabelSelector | Non
     annotations = nodestate.annotations_of(node)
     if any(nodestate.key(owner, cr) in annotations for owner in _OWNERS):
         return True
-    return _find_condition(node, condition_type(cr)) is not None
+    return find_condition(node, cr) is not None
 
 
 def observe(node: Mapping[str, Any], cr: str) -> Observed:
-    """Read one node for ``cr``; a status record that does not decode reads as absent."""
-    try:
-        record = nodestate.read(node, nodestate.STATUS, cr, StatusRecord)
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        record = None
+    """Read one node for ``cr``."""
     return Observed(
         facts=progress.facts(node, cr),
-        record=record,
-        record_raw=nodestate.annotations_of(node).get(nodestate.key(nodestate.STATUS, cr)),
-        condition=_find_condition(node, condition_type(cr)),
+        condition=find_condition(node, cr),
+        legacy_record=nodestate.annotations_of(node).get(nodestate.key(nodestate.STATUS, cr)),
     )
 
 
@@ -167,7 +156,7 @@ class NodeView:
 
     name: str
     target: bool
-    """Selected by spec.nodeSelectors: only targets are counted and get a status record."""
+    """Selected by spec.nodeSelectors: only targets are counted and get a node condition."""
     phase: NodePhase
     reason: Reason
     since: datetime
@@ -347,16 +336,17 @@ def assess(
         else:
             verdict = _v("Pending", reasons.NOT_TARGETED, "not selected by spec.nodeSelectors")
         reason = _bounded(verdict.reason)
-        prev = obs.record
+        prev = obs.reported
+        state = STATE_OF[verdict.phase]
         if verdict.at is not None:
             since = to_second(verdict.at)
         elif (
             prev is not None
-            and prev.phase == verdict.phase
-            and prev.reason is not None
-            and prev.reason.code == reason.code
+            and prev.state == state
+            and (prev.reason.code if prev.reason is not None else None)
+            == (reason.code if state in REASONED else None)
         ):
-            since = to_second(prev.since)
+            since = prev.since
         else:
             since = now
         views.append(
@@ -390,10 +380,10 @@ node another admits or releases."""
 
 
 def recorded(cr: str, view: NodeView) -> Reason:
-    """The reason the node's own status record and condition carry: the view's, except that a
-    wait for the compartment's turn keeps its code and says where the details are. A record
-    that repeated the compartment's message would be rewritten on every waiting node whenever
-    any other node moved (issue 15); the counts and the nodes holding the budget are the
+    """The reason the node condition carries: the view's, except that a wait for the
+    compartment's turn keeps its code and says where the details are. A condition that
+    repeated the compartment's message would be rewritten on every waiting node whenever any
+    other node moved (issue 15); the counts and the nodes holding the budget are the
     NodeWright's ``status.compartments`` and ``nodeDetails``, written once per change."""
     if view.reason.code not in _COMPARTMENT_TURN:
         return view.reason

@@ -13,8 +13,8 @@ class StatusSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     workers: Annotated[int, msgspec.Meta(ge=1)] = 4
     """NodeWrights whose status is computed concurrently; one pass reads every node."""
     node_writes: Annotated[int, msgspec.Meta(ge=1)] = 16
-    """Node status records and conditions written concurrently within one pass: the first
-    pass over a large fleet writes two requests per node."""
+    """Node conditions written concurrently within one pass: the first pass over a large
+    fleet writes one per node."""
     replay_history: bool = False
     """Whether a brand-new event consumer replays the stream's history into Kubernetes Events.
     false: it starts at the stream's end, so installing the service does not raise a week of

@@ -13,8 +13,8 @@ the node views of ``services.status.assessing`` and ``now``:
   (DeploymentPolicyNotFound, TaintNotTolerated, NodesIgnored, DrainBlocked,
   NodeStateMalformed). A condition's lastTransitionTime is kept while its status does not
   change; the previous status is ``cr.status``;
-- :func:`node_updates` gives the status record and node condition
-  ``nodewright.nvidia.com/<cr>`` each node should carry, only where they differ;
+- :func:`node_updates` gives the node condition ``nodewright.nvidia.com/<cr>`` each node
+  should carry, only where it differs (and removes an earlier version's status record);
 - :func:`merge_patch` turns the previous status into the new one as a JSON merge patch.
 
 Status is computed, never accumulated: equal input gives an equal output (sorted lists,
@@ -29,13 +29,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal
 
-import msgspec
-
 from services.status import assessing
 from services.status.assessing import NodeView, Observed
 from shared import api, nodestate, progress, reasons
 from shared.progress import NodeFacts
-from shared.records.status import StatusRecord
+from shared.records.status import reported
 from shared.rollout import kernel
 from shared.rollout.book import read_batch_book
 from shared.rollout.rules import DEFAULT_COMPARTMENT, compartment_rules
@@ -489,17 +487,14 @@ def _uninstall_conditions(
 
 @dataclass(frozen=True)
 class NodeUpdate:
-    """What to change on one node; only the parts flagged ``write_*`` differ from it."""
+    """What to change on one node."""
 
     node: str
-    record: StatusRecord | None
-    """The status record to write; None removes it."""
-    write_record: bool
     condition: dict[str, Any] | None
     """The node condition to set; None removes it."""
     write_condition: bool
-    replaces: str | None = None
-    """The record's annotation value the update was computed from (None: there was none)."""
+    remove_record: str | None = None
+    """The legacy status record to remove (its value, tested by the removal), if any."""
 
 
 def _rfc3339(at: datetime) -> str:
@@ -518,8 +513,9 @@ def node_condition(
     """The node condition for ``view``: True when complete; reason the node's state, message
     the machine reason and its text where the node waits, is blocked or failed. A node in
     progress says only that: each stage and check changes the step, and a condition naming it
-    would cost a node write each (issue 15); the status record and ``nodewright node status``
-    name the step. lastTransitionTime is kept while the status is unchanged."""
+    would cost a node write each (issue 15); ``nodewright node status`` and the web page name
+    the step, from the services' own records. lastTransitionTime is kept while the status is
+    unchanged."""
     status: ConditionStatus = "True" if view.phase == "Complete" else "False"
     stamp = _rfc3339(now)
     transition = stamp
@@ -537,76 +533,72 @@ def node_condition(
         "reason": view.state,
         "message": assessing.truncate(text, assessing.MESSAGE_MAX),
         "lastTransitionTime": transition,
-        "lastHeartbeatTime": stamp,
+        # Never before the time the view gives: the heartbeat is the memory of what was
+        # reported, and a record stamped by a clock ahead of ours must not look newer than
+        # the report of it on every pass (see _condition_differs).
+        "lastHeartbeatTime": _rfc3339(max(now, view.since)),
     }
 
 
-def _condition_differs(want: Mapping[str, Any], have: Mapping[str, Any] | None) -> bool:
-    if have is None:
+_TROUBLE: Final = frozenset({"Failed", "Blocked"})
+
+
+def _condition_differs(
+    want: Mapping[str, Any], have: Mapping[str, Any] | None, view: NodeView
+) -> bool:
+    if have is None or any(want[k] != have.get(k) for k in ("status", "reason", "message")):
         return True
-    return any(want[k] != have.get(k) for k in ("status", "reason", "message"))
+    # A new failure or block with the same words (a retry that failed again): rewritten so
+    # the condition's time, the memory of what was reported, passes the new one's.
+    before = reported(have)
+    return view.state in _TROUBLE and before is not None and view.since > before.since
 
 
 def node_updates(
     cr: str, views: Sequence[NodeView], observed: Iterable[Observed], now: datetime
 ) -> list[NodeUpdate]:
-    """The writes that bring each node's status record and condition in line with its view:
-    set on target nodes, removed from the others (and from every node when ``views`` is empty
-    because the CR is gone). Nodes already in line are left out."""
+    """The writes that bring each node's condition in line with its view: set on target
+    nodes, removed from the others (and from every node when ``views`` is empty because the
+    CR is gone), and an earlier version's status record removed everywhere. Nodes already in
+    line are left out."""
     by_name = {v.name: v for v in views}
     out: list[NodeUpdate] = []
     for obs in sorted(observed, key=lambda o: o.name):
         view = by_name.get(obs.name)
         if view is None or not view.target:
-            if obs.record_present or obs.condition is not None:
+            if obs.legacy_record is not None or obs.condition is not None:
                 out.append(
                     NodeUpdate(
                         node=obs.name,
-                        record=None,
-                        write_record=obs.record_present,
                         condition=None,
                         write_condition=obs.condition is not None,
-                        replaces=obs.record_raw,
+                        remove_record=obs.legacy_record,
                     )
                 )
             continue
-        record = StatusRecord(
-            phase=view.phase, reason=assessing.recorded(cr, view), since=view.since
-        )
-        write_record = record != obs.record
         condition = node_condition(cr, view, obs.condition, now)
-        write_condition = _condition_differs(condition, obs.condition)
-        if write_record or write_condition:
+        write_condition = _condition_differs(condition, obs.condition, view)
+        if write_condition or obs.legacy_record is not None:
             out.append(
                 NodeUpdate(
                     node=obs.name,
-                    record=record,
-                    write_record=write_record,
                     condition=condition,
                     write_condition=write_condition,
-                    replaces=obs.record_raw,
+                    remove_record=obs.legacy_record,
                 )
             )
     return out
 
 
-def record_patch(cr: str, update: NodeUpdate) -> tuple[Literal["merge", "json"], Any]:
-    """The patch (kind, body) writing ``update``'s record. When the node had one: a JSON patch
-    (RFC 6902) that ``test``s it is still the value the update was computed from, then
-    replaces or removes it, a compare-and-swap of the status service's own annotation only
-    (another status replica's newer record refuses it; a change by any other service does
-    not). When it had none: a merge patch adding it (a JSON patch cannot test for absence,
-    and ``add`` fails on a node without annotations)."""
-    value = None if update.record is None else msgspec.json.encode(update.record).decode()
-    if update.replaces is None:
-        return "merge", nodestate.patch(nodestate.STATUS, cr, update.record)
+def record_removal(cr: str, update: NodeUpdate) -> list[dict[str, Any]]:
+    """The JSON patch (RFC 6902) removing ``update``'s legacy status record: it ``test``s the
+    annotation is still the value the update saw, so a node that changed meanwhile refuses it
+    (422) and the next pass reads it again."""
     path = "/metadata/annotations/" + _pointer(nodestate.key(nodestate.STATUS, cr))
-    ops: list[dict[str, Any]] = [{"op": "test", "path": path, "value": update.replaces}]
-    if value is None:
-        ops.append({"op": "remove", "path": path})
-    else:
-        ops.append({"op": "replace", "path": path, "value": value})
-    return "json", ops
+    return [
+        {"op": "test", "path": path, "value": update.remove_record},
+        {"op": "remove", "path": path},
+    ]
 
 
 def _pointer(token: str) -> str:

@@ -5,8 +5,8 @@ The step-by-step trail of a rollout is the event stream (docs/events.md); Kubern
 are kept for what someone looks at ``kubectl describe`` or ``kubectl get events`` for:
 
 - a node that **failed** (``NodeFailed``, Warning), is **blocked** (``NodeBlocked``, Warning)
-  or **recovered** from either (``NodeRecovered``): :func:`node_changes`, from the phase the
-  node's status record had (the previous pass) to the one this pass computed; each on the
+  or **recovered** from either (``NodeRecovered``): :func:`node_changes`, from the state the
+  node's condition had (the previous pass) to the one this pass computed; each on the
   Node (``kubectl describe node``) and on the NodeWright;
 - a batch that **started** or **finished**, a compartment that **stopped** at its failure
   gate (:func:`compartment_changes`), and the **rollout complete** (:func:`rollout_change`),
@@ -38,7 +38,7 @@ from typing import Any, Final, Literal, assert_never
 
 from services.status import assessing
 from shared import api, events, nodestate, progress, subjects
-from shared.records.status import StatusRecord
+from shared.records.status import Reported
 from shared.rollout import book as batch_book
 
 EVENT_NAMESPACE: Final = "default"
@@ -409,21 +409,21 @@ def node_changes(
     at: datetime,
 ) -> list[Occurrence]:
     """The target nodes that failed, became blocked or recovered from either since the
-    previous pass (the phase of their status records, ``observed``), as Events on the Node
+    previous pass (the state of their node conditions, ``observed``), as Events on the Node
     and on the NodeWright. Pure; ordered by node."""
     name = cr.metadata.name
-    records: Mapping[str, StatusRecord | None] = {o.name: o.record for o in observed}
+    records: Mapping[str, Reported | None] = {o.name: o.reported for o in observed}
     target = progress.target_digest(cr)
     out: list[Occurrence] = []
     for v in sorted(views, key=lambda v: v.name):
         if not v.target:
             continue
         before = records.get(v.name)
-        was = before.phase if before is not None else None
+        was = before.state if before is not None else None
         type_: EventType
-        # A new failure while the last one is still on record (a retry the passes did not
-        # see running) is news too: its record gives another time.
-        again = before is not None and was == v.phase and before.since != v.since
+        # A new failure while the last one is still reported (a retry the passes did not see
+        # running) is news too: its record gives a time after the condition was written.
+        again = before is not None and was == v.phase and v.since > before.since
         if v.phase in TROUBLE and (was != v.phase or again):
             reason, type_ = (NODE_FAILED if v.phase == "Failed" else NODE_BLOCKED), "Warning"
             what = "failed" if v.phase == "Failed" else "is blocked"
@@ -496,7 +496,7 @@ def rollout_change(
 # The batch state is the scheduler's (its batch book on the CR); status.compartments shows it.
 # These Events tell its story. They come from comparing the compartments the status service is
 # about to write with the ones the CR carries (written by the previous pass), and each node's
-# reason with the status record it carries (also the previous pass's). Level-based: a pass that
+# reason with the node condition it carries (also the previous pass's). Level-based: a pass that
 # is missed (a crash between the status write and the Events) only makes the story coarser,
 # e.g. one BatchFinished for two batches; it never invents a transition.
 
@@ -575,7 +575,7 @@ def compartment_changes(
 ) -> list[CompartmentChange]:
     """The transitions between the compartments ``cr.status`` shows (the previous pass's) and
     ``current`` (this pass's, from ``views``), and between the reasons the nodes' status
-    records give (``observed``, the previous pass's) and ``views``:
+    conditions give (``observed``, the previous pass's) and ``views``:
 
     - BatchStarted: a batch opened (number, size, nodes);
     - BatchFinished: batches finished (successes, failures, verdict; Warning when the last one
@@ -592,7 +592,7 @@ def compartment_changes(
     book = batch_book.read_batch_book(cr.metadata.annotations)
     epoch = _epoch(cr, book)
     previous = {c.name: c for c in cr.status.compartments}
-    records = {o.name: o.record for o in observed}
+    records = {o.name: o.reported for o in observed}
     members: dict[str, list[assessing.NodeView]] = {}
     for v in views:
         if v.target:
@@ -738,7 +738,7 @@ def _waiting_changes(
     cur: api.CompartmentStatus,
     members: Sequence[assessing.NodeView],
     entry: batch_book.CompartmentBatch | None,
-    records: Mapping[str, StatusRecord | None],
+    records: Mapping[str, Reported | None],
 ) -> list[CompartmentChange]:
     comp = cur.name
     c = cur.batch
@@ -755,7 +755,7 @@ def _waiting_changes(
         earlier = []
         for v in waiting:
             rec = records.get(v.name)
-            if rec is not None and rec.phase == "Waiting" and rec.reason is not None:
+            if rec is not None and rec.state == "Waiting" and rec.reason is not None:
                 earlier.append(assessing.PendingWait(v.name, rec.reason.code, rec.reason.message))
         before = assessing.compartment_wait(earlier, batch_nodes)
     if before is not None and before.code == now.code:

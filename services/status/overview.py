@@ -4,8 +4,9 @@ caches, served by ``services.status.webpage``.
 For every NodeWright: its state and Ready condition, node counts by state (the status this
 service wrote), its compartments with budget and batch (the status's compartments, and the
 nodes of each batch in flight from the scheduler's batch book), and its target nodes grouped
-by state (Failed, Blocked, InProgress, Waiting, Complete), each with the phase and reason of
-the status record this service wrote on the node, and where the scheduler admitted it.
+by state (Failed, Blocked, InProgress, Waiting, Complete), each with the state, reason and
+time of the node condition this service wrote (the phase of a node in progress from whose
+turn it is), and where the scheduler admitted it.
 Complete nodes are listed by name only, and each group is cut at :data:`MAX_NODES_PER_STATE`
 (the document says how many were left out), so a large fleet stays a small page.
 
@@ -21,8 +22,8 @@ from typing import Any, Final
 import msgspec
 
 from services.status import assessing
-from shared import api, nodestate, progress
-from shared.records.status import StatusRecord
+from shared import api, progress
+from shared.records.status import NodePhase
 from shared.rollout.book import CompartmentBatch, read_batch_book
 
 STATES: Final = ("Failed", "Blocked", "InProgress", "Waiting", "Complete")
@@ -30,23 +31,38 @@ STATES: Final = ("Failed", "Blocked", "InProgress", "Waiting", "Complete")
 MAX_NODES_PER_STATE: Final = 200
 
 
-def _node(name: str, node: Mapping[str, Any], cr: str) -> dict[str, Any] | None:
+_STEP: Final[Mapping[progress.Turn, NodePhase]] = {
+    "scheduler": "Pending",
+    "drainer": "Draining",
+    "executor": "Running",
+    "validator": "Validating",
+    "release": "Validating",
+}
+"""The phase of a node in progress, by whose turn it is (the condition says only InProgress)."""
+_SAME_PHASE: Final[Mapping[str, NodePhase]] = {
+    "Waiting": "Waiting",
+    "Blocked": "Blocked",
+    "Failed": "Failed",
+    "Complete": "Complete",
+}
+"""The states that are phases too."""
+
+
+def _node(name: str, node: Mapping[str, Any], cr: api.NodeWright) -> dict[str, Any] | None:
     """The page's row of a target node: None when the status service has not reported it."""
-    try:
-        record = nodestate.read(node, nodestate.STATUS, cr, StatusRecord)
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        record = None
-    if record is None:
+    obs = assessing.observe(node, cr.metadata.name)
+    reported = obs.reported
+    if reported is None:
         return None
-    facts = progress.facts(node, cr)
-    sel = facts.selection
+    sel = obs.facts.selection
+    phase = _SAME_PHASE.get(reported.state) or _STEP.get(progress.turn(cr, obs.facts), "Pending")
     return {
         "name": name,
-        "state": assessing.STATE_OF[record.phase],
-        "phase": record.phase,
-        "reason": record.reason.code if record.reason is not None else "",
-        "message": record.reason.message if record.reason is not None else "",
-        "since": record.since.isoformat(),
+        "state": reported.state,
+        "phase": phase,
+        "reason": reported.reason.code if reported.reason is not None else "",
+        "message": reported.reason.message if reported.reason is not None else "",
+        "since": reported.since.isoformat(),
         "compartment": sel.compartment if sel is not None else "",
         "batch": sel.batch if sel is not None else None,
     }
@@ -62,7 +78,7 @@ def nodewright(raw: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]]) -> di
         labels = (node.get("metadata") or {}).get("labels") or {}
         if not progress.selector_matches(cr.spec.node_selectors, labels):
             continue
-        row = _node(str(node["metadata"]["name"]), node, name)
+        row = _node(str(node["metadata"]["name"]), node, cr)
         if row is not None:
             groups[row["state"]].append(row)
     omitted = {}

@@ -3,13 +3,13 @@ traffic into Kubernetes Events.
 
 For each NodeWright (the work key) it reads the cached CR, its DeploymentPolicy and every node
 that is a target or carries a record of the CR, asks :mod:`services.status.core` for the node
-views, the CR status and the per-node writes, then writes each node's status record (merge
-patch; a compare-and-swap of that annotation alone when there was one) and node condition
-(strategic merge patch on ``nodes/<name>/status``), both through to the cache and neither
-with the node's resourceVersion as precondition (see ``_write_node``), and finally, once per pass
-and only if it changed, the CR status (merge patch on ``/status``; unconditioned too: a
-change of the CR meanwhile starts the pass that corrects it). When the CR is gone it
-removes its status records and conditions from the nodes. Each pass also replaces the
+views, the CR status and the per-node writes, then writes each node's condition (strategic
+merge patch on ``nodes/<name>/status``, only when the node's state or reason changed; through
+to the cache, without the node's resourceVersion as precondition, see ``_write_node``; an
+earlier version's per-step status record is removed, a compare-and-swap of that annotation
+alone), and finally, once per pass and only if it changed, the CR status (merge patch on
+``/status``; unconditioned too: a change of the CR meanwhile starts the pass that corrects
+it). When the CR is gone it removes its conditions from the nodes. Each pass also replaces the
 NodeWright's Prometheus gauges (``services.status.metrics``) served on ``/metrics``; they go
 with the NodeWright.
 
@@ -47,6 +47,7 @@ from shared import api, events, nodestate, progress, runtime, streaming, subject
 from shared.controller import Controller
 from shared.informer import Informer, slim_node
 from shared.kube import JSON, ApiError, path_of
+from shared.records.status import reported_crs
 from shared.rollout import fleet
 
 NAME = "status"
@@ -57,7 +58,6 @@ NODEWRIGHTS = path_of(group=api.GROUP, version=api.VERSION, plural=api.NODEWRIGH
 POLICIES = path_of(group=api.GROUP, version=api.VERSION, plural=api.DEPLOYMENT_POLICY_PLURAL)
 NODES = path_of(plural="nodes")
 
-_CONDITION_PREFIX = f"{nodestate.DOMAIN}/"
 _RECORD_OWNERS = (nodestate.SCHEDULER, nodestate.DRAINER, nodestate.EXECUTOR, nodestate.VALIDATOR)
 
 
@@ -144,7 +144,8 @@ class Status:
         )
         self._writes = Counter(
             "nodewright_status_writes",
-            "Writes of status records, node conditions and NodeWright statuses, by outcome",
+            "Writes of node conditions, NodeWright statuses and removals of an earlier "
+            "version's status records, by outcome",
             ["object", "outcome"],
             registry=ctx.registry,
         )
@@ -196,10 +197,12 @@ class Status:
     # ---- key mapping ------------------------------------------------------------------
 
     def all_keys(self) -> Iterable[str]:
-        """Every NodeWright, and every name whose status records outlived the NodeWright."""
+        """Every NodeWright, and every name whose node conditions (or an earlier version's
+        status records) outlived the NodeWright."""
         names = {str(o["metadata"]["name"]) for o in self.crs.values()}
         for node in self.nodes.values():
             names.update(nodestate.crs_with(node, nodestate.STATUS))
+            names.update(reported_crs(node))
         return sorted(names)
 
     def _cr_keys(self, old: JSON | None, new: JSON | None) -> Iterable[str]:
@@ -250,6 +253,7 @@ class Status:
                 continue
             for owner in (*_RECORD_OWNERS, nodestate.STATUS):
                 keys.update(nodestate.crs_with(obj, owner))
+            keys.update(reported_crs(obj))
             labels = (obj.get("metadata") or {}).get("labels") or {}
             for raw in self.crs.values():
                 selector = self._selector(raw)
@@ -325,8 +329,8 @@ class Status:
             return None
 
     async def _clean_up(self, name: str) -> bool:
-        """The NodeWright is gone: remove its status records and node conditions; False if
-        a node changed meanwhile."""
+        """The NodeWright is gone: remove its node conditions (and an earlier version's status
+        records); False if a node changed meanwhile."""
         observed = [
             assessing.observe(n, name)
             for n in self.nodes.values()
@@ -354,22 +358,22 @@ class Status:
         return all(results)
 
     async def _write_node(self, cr: str, update: core.NodeUpdate) -> bool:
-        """Write one node's status record, then its condition; False if the node is gone
-        meanwhile.
+        """Remove an earlier version's status record, then write the node condition; False if
+        the node is gone or changed meanwhile.
 
-        Neither write carries the node's resourceVersion: the status service is the only
-        writer of both, and what it writes is recomputed from the node on every change of
-        it. A write made on a view that another service's write overtook is corrected by the
-        pass that write starts; with a precondition, each such race cost a refused write
-        and a pass over every node (about a third of the status service's Node writes were
-        409s, issue 15)."""
+        The condition's write carries no resourceVersion: the status service is its only
+        writer, and it is recomputed from the node on every change of it. A write made on a
+        view that another service's write overtook is corrected by the pass that write
+        starts; with a precondition, each such race cost a refused write and a pass over every
+        node (about a third of the status service's Node writes were 409s, issue 15)."""
         if self.nodes.get(update.node) is None:
             return True  # the node is gone, and its status with it
-        if update.write_record:
-            kind, body = core.record_patch(cr, update)
+        if update.remove_record is not None:
             try:
                 written = await self.ctx.kube.patch(
-                    path_of(plural="nodes", name=update.node), body, kind=kind
+                    path_of(plural="nodes", name=update.node),
+                    core.record_removal(cr, update),
+                    kind="json",
                 )
             except ApiError as exc:
                 if exc.not_found or exc.status == 422:
@@ -378,7 +382,7 @@ class Status:
                     return self._stale(cr, update.node, "record")
                 raise
             self.nodes.observe(written)
-            self._writes.labels("record", "written").inc()
+            self._writes.labels("record", "removed").inc()
         if update.write_condition:
             entry = update.condition or {"type": assessing.condition_type(cr), "$patch": "delete"}
             try:
@@ -532,7 +536,7 @@ class Status:
         status_written: bool,
     ) -> None:
         """Raise the per-compartment Events of this pass, once its writes are done: the
-        transitions from what the CR status and the nodes' status records said before this
+        transitions from what the CR status and the nodes' conditions said before this
         pass to what it wrote. A failure loses Events, never status: the next pass compares
         against what this one wrote."""
         changes = kube_events.compartment_changes(cr, status.compartments, views, observed)

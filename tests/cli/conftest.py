@@ -23,14 +23,13 @@ from shared.kube import ApiError, Kube, path_of
 from shared.records.drainer import DrainRecord
 from shared.records.executor import ExecutorRecord
 from shared.records.scheduler import Selection
-from shared.records.status import StatusRecord
 from shared.records.validator import ValidatorRecord
 from tests.helpers.cli import Result, cli
 
 __all__ = ["Objects", "Result", "cli"]
 
 NODES = path_of(plural="nodes")
-Record = Selection | DrainRecord | ExecutorRecord | ValidatorRecord | StatusRecord
+Record = Selection | DrainRecord | ExecutorRecord | ValidatorRecord
 
 
 @dataclass
@@ -70,6 +69,15 @@ class Objects:
     async def record(self, node: str, owner: str, cr: str, record: Record) -> None:
         """Write a service's record on the node as that service does (shared.nodestate)."""
         await self.kapi.patch(f"{NODES}/{node}", nodestate.patch(owner, cr, record))
+
+    async def report(self, node: str, condition: dict[str, Any]) -> None:
+        """Write the status service's node condition (tests.helpers.facts.reported) as it
+        does."""
+        await self.kapi.patch(
+            path_of(plural="nodes", name=node, subresource="status"),
+            {"status": {"conditions": [condition]}},
+            kind="strategic",
+        )
 
     async def annotations(self, cr: str) -> dict[str, str]:
         got = await self.kapi.get(f"{manifests.NODEWRIGHTS}/{cr}")

@@ -17,9 +17,8 @@ from shared.config import ServiceSettings
 from shared.events import Reason
 from shared.records.executor import ExecutorRecord, PackageRecord
 from shared.records.scheduler import Selection
-from shared.records.status import StatusRecord
 from shared.records.validator import CheckRecord, ValidatorRecord
-from tests.helpers.facts import T0, node, nodewright
+from tests.helpers.facts import T0, node, nodewright, reported
 
 PACKAGES = {
     "tuning": {"version": "1.0.0", "image": "registry.example/tuning"},
@@ -61,8 +60,8 @@ def _nodes() -> list[dict[str, Any]]:
                 nodestate.EXECUTOR: ExecutorRecord(
                     packages={"tuning": _pkg("apply", "failed", attempt=2)}
                 ),
-                nodestate.STATUS: StatusRecord(phase="Failed", reason=FAILED, since=T0),
             },
+            conditions=[reported("Failed", FAILED)],
         ),
         node("n-x", labels={"nodepool": "cpu"}),
         node("n-b"),
@@ -71,8 +70,8 @@ def _nodes() -> list[dict[str, Any]]:
             records={
                 nodestate.SCHEDULER: _selection(),
                 nodestate.EXECUTOR: ExecutorRecord(packages={"tuning": _pkg("apply", "running")}),
-                nodestate.STATUS: StatusRecord(phase="Running", since=T0),
             },
+            conditions=[reported("InProgress")],
         ),
     ]
 
@@ -240,11 +239,11 @@ def test_package_cell(entry: dict[str, Any], cell: str) -> None:
 def test_node_list_has_one_row_per_target_node() -> None:
     rows = node_cmd.list_rows(_cr(), _nodes())
     assert node_cmd.render_list("gpu-node-tuning", rows).splitlines() == [
-        "NODE   PHASE     TURN        REASON        PACKAGES",
-        "n-a    Running   executor    -             "
+        "NODE   STATE        TURN        REASON        PACKAGES",
+        "n-a    InProgress   executor    -             "
         "driver:2.0.0 pending, tuning:1.0.0 apply running",
-        "n-b    -         scheduler   -             driver:2.0.0 pending, tuning:1.0.0 pending",
-        "n-c    Failed    failed      StageFailed   "
+        "n-b    -            scheduler   -             driver:2.0.0 pending, tuning:1.0.0 pending",
+        "n-c    Failed       failed      StageFailed   "
         "driver:2.0.0 pending, tuning:1.0.0 apply failed (attempt 2)",
     ]
 
@@ -254,7 +253,7 @@ def test_node_list_json_carries_the_records_fields() -> None:
     assert [r["node"] for r in rows] == ["n-a", "n-b", "n-c"]
     assert rows[2] == {
         "node": "n-c",
-        "phase": "Failed",
+        "state": "Failed",
         "turn": "failed",
         "reason": {"code": "StageFailed", "message": "pod p exited with code 1"},
         "since": T0.isoformat(),
@@ -281,7 +280,7 @@ def test_node_list_json_carries_the_records_fields() -> None:
             },
         ],
     }
-    assert rows[1]["phase"] is None
+    assert rows[1]["state"] is None
     assert rows[1]["reason"] is None
 
 
@@ -486,12 +485,8 @@ def _waiting_for_check(verdict: CheckRecord | None) -> dict[str, Any]:
             nodestate.SCHEDULER: _selection(),
             nodestate.EXECUTOR: ExecutorRecord(packages={"tuning": _pkg("apply", "succeeded")}),
             nodestate.VALIDATOR: ValidatorRecord(checks=checks),
-            nodestate.STATUS: StatusRecord(
-                phase="Running",
-                reason=Reason(code="WaitingForCheck", message="waiting for the check"),
-                since=T0,
-            ),
         },
+        conditions=[reported("InProgress")],
     )
 
 
@@ -511,10 +506,11 @@ def _waiting_for_check(verdict: CheckRecord | None) -> dict[str, Any]:
 def test_a_stage_waiting_for_its_check_is_the_validators_turn(
     verdict: CheckRecord | None, turn: str
 ) -> None:
-    """TURN read "executor" next to REASON "WaitingForCheck": the check is the validator's."""
+    """TURN read "executor" while the stage waited for its check: the check is the
+    validator's."""
     cr = nodewright(packages={"tuning": PACKAGES["tuning"]})
     (row,) = node_cmd.list_rows(cr, [_waiting_for_check(verdict)])
-    assert (row["turn"], row["reason"]["code"]) == (turn, "WaitingForCheck")
+    assert (row["turn"], row["state"], row["reason"]) == (turn, "InProgress", None)
 
 
 def test_node_list_wide_adds_admission_cordon_and_message() -> None:
@@ -522,7 +518,7 @@ def test_node_list_wide_adds_admission_cordon_and_message() -> None:
     lines = node_cmd.render_list("gpu-node-tuning", rows, wide=True).splitlines()
     assert lines[0].split() == [
         "NODE",
-        "PHASE",
+        "STATE",
         "TURN",
         "REASON",
         "COMPARTMENT",

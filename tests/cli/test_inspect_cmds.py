@@ -13,10 +13,9 @@ from shared.events import Reason
 from shared.kube import Kube, path_of
 from shared.records.executor import ExecutorRecord, PackageRecord
 from shared.records.scheduler import Selection
-from shared.records.status import StatusRecord
 from shared.rollout import rules as rollout_rules
 from tests.cli.conftest import Objects, cli
-from tests.helpers.facts import T0
+from tests.helpers.facts import T0, reported
 from tests.helpers.waiting import eventually
 
 PACKAGES = {
@@ -54,11 +53,10 @@ async def _fleet(objects: Objects) -> tuple[str, list[str]]:
         await objects.record(node, nodestate.SCHEDULER, cr, _selection())
     running = ExecutorRecord(packages={"tuning": _pkg("apply", "running")})
     await objects.record(a, nodestate.EXECUTOR, cr, running)
-    await objects.record(a, nodestate.STATUS, cr, StatusRecord(phase="Running", since=T0))
+    await objects.report(a, reported("InProgress", cr=cr))
     failed = ExecutorRecord(packages={"tuning": _pkg("apply", "failed", attempt=2)})
     await objects.record(c, nodestate.EXECUTOR, cr, failed)
-    status = StatusRecord(phase="Failed", reason=FAILED, since=T0)
-    await objects.record(c, nodestate.STATUS, cr, status)
+    await objects.report(c, reported("Failed", FAILED, cr=cr))
     return cr, [a, b, c, x]
 
 
@@ -68,11 +66,11 @@ async def test_node_list_has_one_row_per_target_node(rig: Rig, objects: Objects)
     assert got.code == 0, got
     pad = " " * (len(a) - len("NODE"))
     assert got.out.splitlines() == [
-        f"NODE{pad}   PHASE     TURN        REASON        PACKAGES",
-        f"{a}   Running   executor    -             "
+        f"NODE{pad}   STATE        TURN        REASON        PACKAGES",
+        f"{a}   InProgress   executor    -             "
         "driver:2.0.0 pending, tuning:1.0.0 apply running",
-        f"{b}   -         scheduler   -             driver:2.0.0 pending, tuning:1.0.0 pending",
-        f"{c}   Failed    failed      StageFailed   "
+        f"{b}   -            scheduler   -             driver:2.0.0 pending, tuning:1.0.0 pending",
+        f"{c}   Failed       failed      StageFailed   "
         "driver:2.0.0 pending, tuning:1.0.0 apply failed (attempt 2)",
     ]
 
@@ -80,8 +78,8 @@ async def test_node_list_has_one_row_per_target_node(rig: Rig, objects: Objects)
     assert js.code == 0, js
     doc = json.loads(js.out)
     assert doc["nodewright"] == cr
-    assert [(n["node"], n["phase"], n["turn"]) for n in doc["nodes"]] == [
-        (a, "Running", "executor"),
+    assert [(n["node"], n["state"], n["turn"]) for n in doc["nodes"]] == [
+        (a, "InProgress", "executor"),
         (b, None, "scheduler"),
         (c, "Failed", "failed"),
     ]

@@ -299,7 +299,7 @@ async def test_listings_print_as_table_wide_json_and_yaml(rig: Rig, objects: Obj
         kc,
     ]
     table = await run(*cli)
-    assert table.out.splitlines()[0].split() == ["NODE", "PHASE", "TURN", "REASON", "PACKAGES"]
+    assert table.out.splitlines()[0].split() == ["NODE", "STATE", "TURN", "REASON", "PACKAGES"]
     wide = await run(*cli, "-o", "wide")
     assert wide.out.splitlines()[0].split()[4:] == [
         "COMPARTMENT",

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import msgspec
 
 from shared import api, decisions, nodestate
+from shared.events import Reason
+from shared.records.status import condition_type
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -51,9 +53,10 @@ def node(
     created: str = "2026-01-01T00:00:00Z",
     records: Mapping[str, msgspec.Struct] | None = None,
     taints: list[dict[str, str]] | None = None,
+    conditions: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """A Node dict; ``records`` maps an owner (nodestate.SCHEDULER ...) to its record for CR
-    gpu-node-tuning."""
+    gpu-node-tuning; ``conditions`` are added after Ready (see :func:`reported`)."""
     annotations = {
         nodestate.key(owner, "gpu-node-tuning"): msgspec.json.encode(rec).decode()
         for owner, rec in (records or {}).items()
@@ -68,7 +71,10 @@ def node(
         },
         "spec": {"unschedulable": unschedulable, "taints": taints or []},
         "status": {
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "conditions": [
+                {"type": "Ready", "status": "True" if ready else "False"},
+                *(dict(c) for c in conditions),
+            ],
             "nodeInfo": {"bootID": boot_id},
         },
     }
@@ -82,3 +88,23 @@ def written(change: decisions.RecordChange, kind: type[R]) -> R:
     assert isinstance(change, decisions.Write), f"expected a write, got {change!r}"
     assert isinstance(change.record, kind), change.record
     return change.record
+
+
+def reported(
+    state: str,
+    reason: Reason | None = None,
+    *,
+    since: datetime = T0,
+    cr: str = "gpu-node-tuning",
+) -> dict[str, Any]:
+    """The node condition the status service writes for ``cr``, in the form it writes it:
+    reason the state, message ``code: message`` for a Waiting, Blocked or Failed node."""
+    stamp = since.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "type": condition_type(cr),
+        "status": "True" if state == "Complete" else "False",
+        "reason": state,
+        "message": f"{reason.code}: {reason.message}" if reason is not None else state,
+        "lastTransitionTime": stamp,
+        "lastHeartbeatTime": stamp,
+    }

@@ -15,9 +15,8 @@ from shared import api, nodestate
 from shared.events import Reason
 from shared.records.executor import ExecutorRecord, PackageRecord
 from shared.records.scheduler import Selection
-from shared.records.status import StatusRecord
 from shared.rollout import book as rollout_book
-from tests.helpers.facts import T0, node, nodewright
+from tests.helpers.facts import T0, node, nodewright, reported
 
 FAILED = Reason(code="StageFailed", message="simulated failure of nvidia-tuned apply")
 
@@ -88,24 +87,24 @@ def _nodes() -> list[dict[str, Any]]:
             records={
                 nodestate.SCHEDULER: _sel(2),
                 nodestate.EXECUTOR: _pkg("apply", "running"),
-                nodestate.STATUS: StatusRecord(phase="Running", since=T0),
             },
+            conditions=[reported("InProgress")],
         ),
         node(
             "n2",
             records={
                 nodestate.SCHEDULER: _sel(2),
                 nodestate.EXECUTOR: _pkg("config", "running"),
-                nodestate.STATUS: StatusRecord(phase="Running", since=T0),
             },
+            conditions=[reported("InProgress")],
         ),
         node(
             "n3",
             records={
                 nodestate.SCHEDULER: _sel(1),
                 nodestate.EXECUTOR: _pkg("apply", "failed"),
-                nodestate.STATUS: StatusRecord(phase="Failed", reason=FAILED, since=T0),
             },
+            conditions=[reported("Failed", FAILED)],
         ),
         node("x", labels={"nodepool": "cpu"}),
     ]
@@ -174,7 +173,7 @@ def test_the_page_document_groups_target_nodes_by_state_with_reasons() -> None:
         "simulated failure of nvidia-tuned apply",
         1,
     )
-    assert nw["nodes"]["Waiting"] == [], "n0 has no status record yet: not reported"
+    assert nw["nodes"]["Waiting"] == [], "n0 has no node condition yet: not reported"
     (comp,) = nw["compartments"]
     assert (comp["currentBatch"], comp["batchSize"], comp["batchNodes"]) == (2, 2, ["n1", "n2"])
     assert doc["invalid"] == []

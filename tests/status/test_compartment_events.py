@@ -30,7 +30,7 @@ DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 class World:
     """A NodeWright and its nodes as the status service sees them, pass after pass: each
     :meth:`step` computes what one status pass computes and writes what it would write (the
-    CR status, the nodes' status records), so the next step compares against it."""
+    CR status, the node conditions), so the next step compares against it."""
 
     def __init__(
         self,
@@ -75,11 +75,7 @@ class World:
         """One status pass: the changes it raises; its writes are applied."""
         changes, status, updates = self._pass()
         for update in updates:
-            if update.write_record and update.record is not None:
-                key = nodestate.key(nodestate.STATUS, CR)
-                self.nodes[update.node]["metadata"]["annotations"][key] = msgspec.json.encode(
-                    update.record
-                ).decode()
+            status_helpers.written(self.nodes[update.node], CR, update)
         self.cr = msgspec.structs.replace(self.cr, status=status)
         self.now += timedelta(seconds=10)
         return changes

@@ -394,10 +394,9 @@ def test_a_waiting_node_says_budget_exhausted_while_the_budget_is_full() -> None
 def test_a_record_that_does_not_decode_blocks_the_node_and_raises_nothing() -> None:
     bad = node("n1")
     bad["metadata"]["annotations"][nodestate.key(nodestate.EXECUTOR, CR)] = "{not json"
-    bad["metadata"]["annotations"][nodestate.key(nodestate.STATUS, CR)] = '{"phase": 7}'
+    bad["status"]["conditions"].append({"type": assessing.condition_type(CR), "reason": 7})
     obs = assessing.observe(bad, CR)
-    assert obs.record is None
-    assert obs.record_present
+    assert obs.reported is None
     status = core.compute_status(BASE, None, [obs], T0)
     assert status.node_counts.blocked == 1
     (detail,) = status.node_details
@@ -710,19 +709,7 @@ def test_a_policy_compartment_gets_its_own_entry_and_budget() -> None:
 
 def _carrying(n: dict[str, Any], update: core.NodeUpdate) -> dict[str, Any]:
     """``n`` after ``update`` was written."""
-    meta = n["metadata"]
-    key = nodestate.key(nodestate.STATUS, CR)
-    if update.write_record:
-        if update.record is None:
-            meta["annotations"].pop(key, None)
-        else:
-            meta["annotations"][key] = msgspec.json.encode(update.record).decode()
-    if update.write_condition:
-        ctype = assessing.condition_type(CR)
-        conds = [c for c in n["status"]["conditions"] if c.get("type") != ctype]
-        if update.condition is not None:
-            conds.append(dict(update.condition))
-        n["status"]["conditions"] = conds
+    status_helpers.written(n, CR, update)
     return n
 
 
@@ -732,17 +719,14 @@ def _updates(*nodes: dict[str, Any], cr: api.NodeWright = BASE, now: Any = T0) -
     return core.node_updates(CR, views, observed, now)
 
 
-def test_each_target_node_gets_a_status_record_and_condition_once() -> None:
+def test_each_target_node_gets_its_condition_once() -> None:
     a, b = _complete("a"), _failed("b")
     first = _updates(a, b)
-    assert [(u.node, u.write_record, u.write_condition) for u in first] == [
-        ("a", True, True),
-        ("b", True, True),
+    assert [(u.node, u.write_condition, u.remove_record) for u in first] == [
+        ("a", True, None),
+        ("b", True, None),
     ]
     ua, ub = first
-    assert ua.record is not None
-    assert ua.record.reason is not None
-    assert (ua.record.phase, ua.record.reason.code, ua.record.since) == ("Complete", "Complete", T0)
     assert ua.condition is not None
     assert ub.condition is not None
     assert (ua.condition["type"], ua.condition["status"], ua.condition["reason"]) == (
@@ -776,8 +760,8 @@ def test_the_node_condition_keeps_its_transition_time_while_its_status_is_unchan
 
 
 def test_a_node_in_progress_keeps_its_condition_from_stage_to_stage() -> None:
-    """Only the status record names the step: a condition naming it cost a node write per
-    stage and check (issue 15)."""
+    """The condition does not name the step (the services' own records do): naming it cost a
+    node write per stage and check (issue 15)."""
     (first,) = _updates(_running("b"), now=T0)
     running = _carrying(_running("b"), first)
     checking = _carrying(
@@ -792,13 +776,9 @@ def test_a_node_in_progress_keeps_its_condition_from_stage_to_stage() -> None:
         first,
     )
     checking["status"] = running["status"]
-    (update,) = _updates(checking, now=T1)
-    assert update.record is not None
-    assert update.record.reason is not None
-    assert first.record is not None
-    assert first.record.reason is not None
-    assert (first.record.reason.code, update.record.reason.code) == ("StageRunning", "Validating")
-    assert (update.write_record, update.write_condition) == (True, False)
+    views, _ = status_helpers.assess(BASE, None, _observed(checking), T1)
+    assert views[0].reason.code == "Validating", "the view moved on to the next step"
+    assert _updates(checking, now=T1) == [], "and the node is not written"
     assert first.condition is not None
     assert first.condition["reason"] == "InProgress"
     assert "nodewright node status b" in first.condition["message"]
@@ -811,17 +791,14 @@ def _waiting_view(message: str) -> assessing.NodeView:
 
 def test_a_waiting_node_is_not_rewritten_when_other_nodes_move() -> None:
     """The kernel's message for a compartment's turn counts and names other nodes; the
-    node's own record and condition keep its code only, so they stay as they are while the
-    batch before it runs and is released."""
+    node's condition keeps its code only, so it stays as it is while the batch before it runs
+    and is released."""
     first_view = _waiting_view("waiting for batch 1 of compartment __default__ to finish")
     observed = _observed(node("w"))
     (first,) = core.node_updates(CR, [first_view], observed, T0)
-    assert first.record is not None
-    assert first.record.reason is not None
-    assert first.record.reason.code == "WaitingForBatch"
-    assert "batch 1" not in first.record.reason.message
     assert first.condition is not None
     assert first.condition["message"].startswith("WaitingForBatch: ")
+    assert "batch 1" not in first.condition["message"]
     later = _observed(_carrying(node("w"), first))
     for message in (
         "2 nodes of compartment __default__'s last batch are being released",
@@ -834,37 +811,45 @@ def test_a_waiting_node_is_not_rewritten_when_other_nodes_move() -> None:
         reason=Reason(code="BudgetExhausted", message="1 of 1 budgeted nodes are busy: a"),
     )
     (changed,) = core.node_updates(CR, [budget], later, T1)
-    assert changed.record is not None
-    assert changed.record.reason is not None
-    assert changed.record.reason.code == "BudgetExhausted"
-    assert "budgeted nodes" not in changed.record.reason.message
+    assert changed.condition is not None
+    assert changed.condition["message"].startswith("BudgetExhausted: ")
+    assert "budgeted nodes" not in changed.condition["message"]
 
 
-def test_a_record_write_replaces_only_the_value_it_was_computed_from() -> None:
-    """A compare-and-swap of the status annotation alone: JSON patch test + replace (or
-    remove) when there was one, a plain merge patch adding it when there was none."""
-    (added,) = _updates(_complete("a"))
-    assert added.replaces is None
-    kind, body = core.record_patch(CR, added)
-    assert kind == "merge"
-    assert body == nodestate.patch(nodestate.STATUS, CR, added.record)
-    carried = _carrying(_complete("a"), added)
-    raw = nodestate.annotations_of(carried)[nodestate.key(nodestate.STATUS, CR)]
-    (removal,) = _updates(_carrying(_complete("a", labels={"nodepool": "cpu"}), added))
-    assert removal.replaces == raw
-    kind, ops = core.record_patch(CR, removal)
+def test_an_earlier_versions_status_record_is_removed_by_compare_and_swap() -> None:
+    """The record once written per step goes: a JSON patch that tests the annotation is
+    still the value the pass saw, then removes it; the condition is written as usual."""
+    legacy = _complete("a")
+    raw = '{"phase":"Running","since":"2026-01-01T00:00:00Z"}'
+    legacy["metadata"]["annotations"][nodestate.key(nodestate.STATUS, CR)] = raw
+    (update,) = _updates(legacy)
+    assert (update.remove_record, update.write_condition) == (raw, True)
     path = "/metadata/annotations/status.nodewright.nvidia.com~1gpu-node-tuning"
-    assert (kind, ops) == (
-        "json",
-        [{"op": "test", "path": path, "value": raw}, {"op": "remove", "path": path}],
-    )
-    failed = _carrying(_failed("a"), added)
-    (update,) = _updates(failed)
-    kind, ops = core.record_patch(CR, update)
-    assert kind == "json"
-    assert ops[0] == {"op": "test", "path": path, "value": raw}
-    assert ops[1]["op"] == "replace"
-    assert msgspec.json.decode(ops[1]["value"])["phase"] == "Failed"
+    assert core.record_removal(CR, update) == [
+        {"op": "test", "path": path, "value": raw},
+        {"op": "remove", "path": path},
+    ]
+    assert _updates(_carrying(legacy, update), now=T2) == []
+
+
+def test_a_failure_that_recurs_in_the_same_words_is_written_again() -> None:
+    """The condition's time is the memory of what was reported: a retry that failed again
+    (a record time after it) rewrites it, so its Event is raised once and then not again."""
+    (first,) = _updates(_failed("b"), now=T1)
+    reported_once = _carrying(_failed("b"), first)
+    assert _updates(reported_once, now=T2) == []
+    again = _failed("b")
+    again["status"] = reported_once["status"]
+    record = nodestate.read(again, nodestate.EXECUTOR, CR, ExecutorRecord)
+    assert record is not None
+    pkg = record.packages["nvidia-tuned"]
+    later = msgspec.structs.replace(pkg, updated=T2)
+    again["metadata"]["annotations"][nodestate.key(nodestate.EXECUTOR, CR)] = (
+        msgspec.json.encode(msgspec.structs.replace(record, packages={"nvidia-tuned": later}))
+    ).decode()
+    (rewrite,) = _updates(again, now=T2)
+    assert rewrite.write_condition
+    assert _updates(_carrying(again, rewrite), now=T2) == []
 
 
 def test_since_carries_over_while_phase_and_reason_stay() -> None:
@@ -879,18 +864,21 @@ def test_since_carries_over_while_phase_and_reason_stay() -> None:
     assert (paused.reason.code, paused.since) == ("Paused", T1)
 
 
-def test_status_records_and_conditions_go_from_nodes_that_are_no_longer_targets() -> None:
+def test_conditions_go_from_nodes_that_are_no_longer_targets() -> None:
     (update,) = _updates(_complete("a"))
     moved = _carrying(_complete("a", labels={"nodepool": "cpu"}), update)
     (removal,) = _updates(moved)
-    assert (removal.record, removal.write_record) == (None, True)
-    assert (removal.condition, removal.write_condition) == (None, True)
+    assert (removal.condition, removal.write_condition, removal.remove_record) == (
+        None,
+        True,
+        None,
+    )
     gone = _carrying(moved, removal)
     assert _updates(gone) == []
     # When the CR is gone every node is cleaned the same way.
     observed = _observed(_carrying(_complete("b"), _updates(_complete("b"))[0]))
     (cleanup,) = core.node_updates(CR, [], observed, T0)
-    assert (cleanup.write_record, cleanup.write_condition, cleanup.record) == (True, True, None)
+    assert (cleanup.write_condition, cleanup.condition) == (True, None)
 
 
 # ---- merge patch --------------------------------------------------------------------------------

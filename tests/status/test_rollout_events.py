@@ -6,17 +6,16 @@ compartment tests), pure."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import msgspec
 
 from services.status import assessing, core, kube_events
-from shared import nodestate
 from shared.events import Reason
 from shared.records.executor import ExecutorRecord, PackageRecord
-from shared.records.status import StatusRecord
 from tests.helpers import status as status_helpers
-from tests.helpers.facts import T0
+from tests.helpers.facts import T0, reported
 from tests.status.test_compartment_events import (
     CR,
     DRAINED,
@@ -105,10 +104,10 @@ def test_the_same_failure_seen_again_is_the_same_occurrence_and_a_new_one_is_not
     _admit(w, "a", 1)
     w.trail()
     _fail(w, "a")
-    before = dict(w.nodes["a"]["metadata"]["annotations"])
+    before = copy.deepcopy(w.nodes["a"]["status"])
     first = w.trail()
-    # Another replica (or a re-run) that still sees the previous status record.
-    w.nodes["a"]["metadata"]["annotations"] = before
+    # Another replica (or a re-run) that still sees the previous node condition.
+    w.nodes["a"]["status"] = before
     again = w.trail()
     assert [o.occurrence for o in again] == [o.occurrence for o in first]
     bodies = [kube_events.body(o, instance="status-1") for o in first]
@@ -161,10 +160,7 @@ def test_a_blocked_node_is_reported_and_a_non_target_never() -> None:
     # A node of another pool, even with a failure on record, is nobody's news here.
     other = _world("x").nodes["x"]
     other["metadata"]["labels"] = {"nodepool": "cpu"}
-    rec = StatusRecord(phase="Running", since=T0)
-    other["metadata"]["annotations"][nodestate.key(nodestate.STATUS, CR)] = msgspec.json.encode(
-        rec
-    ).decode()
+    other["status"]["conditions"].append(reported("InProgress", cr=CR))
     w.nodes["x"] = other
     w.records("x", executor=_exe("failed"))
     assert all(

@@ -32,7 +32,6 @@ from shared.kube import JSON, ApiError, Kube, path_of
 from shared.records.drainer import DrainRecord
 from shared.records.executor import ExecutorRecord, PackageRecord
 from shared.records.scheduler import Selection
-from shared.records.status import StatusRecord
 from shared.records.validator import ValidatorRecord
 from tests.api.crds import NODEWRIGHTS, POLICIES, install_crds
 from tests.helpers.bus import caught_up
@@ -219,10 +218,10 @@ def _ready(status: api.NodeWrightStatus) -> api.Condition | None:
 
 
 async def _node_status(h: Harness, suffix: str) -> tuple[Any, Mapping[str, Any] | None]:
-    """(the status record, the node condition) of the CR on a node."""
+    """(an earlier version's status record annotation, the node condition) of the CR on a
+    node."""
     obj = await h.kapi.get(path_of(plural="nodes", name=h.node(suffix)))
-    raw = nodestate.annotations_of(obj).get(nodestate.key(nodestate.STATUS, h.cr))
-    record = msgspec.json.decode(raw, type=StatusRecord) if raw else None
+    record = nodestate.annotations_of(obj).get(nodestate.key(nodestate.STATUS, h.cr))
     ctype = f"nodewright.nvidia.com/{h.cr}"
     cond = next((c for c in obj["status"].get("conditions") or [] if c["type"] == ctype), None)
     return record, cond
@@ -341,14 +340,11 @@ async def test_status_counts_nodes_explains_them_and_is_ready_only_when_all_comp
 
     # Every target node carries its summary; the other node does not.
     record, cond = await _node_status(h, "a")
-    assert record is not None
-    assert record.phase == "Complete"
+    assert record is None, "no per-step record: the condition is the node's summary"
     assert cond is not None
     assert (cond["status"], cond["reason"]) == ("True", "Complete")
     record, cond = await _node_status(h, "b")
-    assert record is not None
-    assert record.reason is not None
-    assert (record.phase, record.reason.code) == ("Failed", "ImagePullFailed")
+    assert record is None
     assert cond is not None
     assert (cond["status"], cond["reason"]) == ("False", "Failed")
     assert cond["message"].startswith("ImagePullFailed: cannot pull image")
@@ -578,16 +574,39 @@ async def test_deleting_the_nodewright_removes_its_node_status(harness: Harness)
     await _nodewright(h)
 
     async def summarized() -> bool:
-        record, cond = await _node_status(h, "r")
-        return record is not None and cond is not None
+        _, cond = await _node_status(h, "r")
+        return cond is not None
 
-    await eventually(summarized, what="the status record and condition on the node")
+    await eventually(summarized, what="the node condition")
     await h.kapi.delete(f"{NODEWRIGHTS}/{h.cr}")
 
     async def cleaned() -> bool:
         return await _node_status(h, "r") == (None, None)
 
-    await eventually(cleaned, what="the node's status record and condition to go")
+    await eventually(cleaned, what="the node condition to go")
+
+
+async def test_an_earlier_versions_status_record_is_removed(harness: Harness) -> None:
+    """The per-step record an earlier version wrote goes (compare-and-swap of that annotation
+    alone), on a target node and on a node that is no target any more."""
+    h = harness
+    legacy = '{"phase":"Running","since":"2026-01-01T00:00:00Z"}'
+    key = nodestate.key(nodestate.STATUS, h.cr)
+    await _nodes(h, "t", labels={"pool": "gpu"})
+    await _nodes(h, "o", labels={"pool": "cpu"})
+    for suffix in ("t", "o"):
+        await h.kapi.patch(
+            path_of(plural="nodes", name=h.node(suffix)),
+            {"metadata": {"annotations": {key: legacy}}},
+        )
+    await _nodewright(h)
+
+    async def removed() -> bool:
+        target, cond = await _node_status(h, "t")
+        other = await _node_status(h, "o")
+        return target is None and cond is not None and other == (None, None)
+
+    await eventually(removed, what="both legacy records to go, the target's condition to come")
 
 
 async def _scrape(h: Harness, cr: str) -> dict[str, float]:
