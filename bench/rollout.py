@@ -30,6 +30,8 @@ Prints one JSON object:
 - ``load``: the machine's load averages at the start and at the end.
 
 ``--profile DIR`` records each service replica with py-spy (when installed) into DIR.
+``--together`` runs the five services in one process (``python -m services``): the figures
+per service are then those of the one process, named ``all``.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ import nats
 
 from nodewright import manifests
 from nodewright.rig import Rig, nodes
-from nodewright.rig.fleet import SERVICES, Fleet, Replica
+from nodewright.rig.fleet import Fleet, Replica
 from shared import nodestate
 from shared.config import KubeSettings
 from shared.informer import Informer
@@ -125,7 +127,11 @@ def cpu_seconds(replica: Replica) -> float:
 
 
 def cpu_by_service(fleet: Fleet) -> dict[str, float]:
-    return {s: sum(cpu_seconds(r) for r in fleet.replicas.get(s, [])) for s in SERVICES}
+    return {s: sum(cpu_seconds(r) for r in reps) for s, reps in fleet.replicas.items()}
+
+
+def replicas(fleet: Fleet) -> list[Replica]:
+    return [r for reps in fleet.replicas.values() for r in reps]
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -272,13 +278,12 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
         names = [f"bench-{i:05d}" for i in range(args.nodes)]
         await nodes.create_nodes(kube, names, labels={"nodepool": "gpu"})
         await nodes.wait_ready(kube, names, timeout_s=600)
-        await asyncio.to_thread(fleet.start_all)
+        if args.together:
+            await asyncio.to_thread(fleet.start_together)
+        else:
+            await asyncio.to_thread(fleet.start_all)
         await asyncio.sleep(2)  # let the services' caches settle before measuring
-        idle_rss = {
-            r.name: round(r.rss_bytes() / 2**20, 1)
-            for s in SERVICES
-            for r in fleet.replicas.get(s, [])
-        }
+        idle_rss = {r.name: round(r.rss_bytes() / 2**20, 1) for r in replicas(fleet)}
         timeline = Timeline(cr="bench")
         watch = Informer(
             kube=kube,
@@ -340,11 +345,7 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
     minimum = math.ceil(args.nodes / budget) * 4 * stage
     delta = after_api - before_api
     own = {s: after_own[s] - before_own.get(s, Counter()) for s in after_own}
-    peak_rss = {
-        r.name: round(r.peak_rss_bytes() / 2**20, 1)
-        for s in SERVICES
-        for r in fleet.replicas.get(s, [])
-    }
+    peak_rss = {r.name: round(r.peak_rss_bytes() / 2**20, 1) for r in replicas(fleet)}
     writes = sum(v for k, v in delta.items() if k.split(" ")[0] in _WRITES)
     node_writes = sum(
         v
@@ -354,6 +355,7 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
     n = args.nodes
     return {
         "nodes": args.nodes,
+        "processes": "one (python -m services)" if args.together else "one per service",
         "budget": budget,
         "stage_duration_s": stage,
         "wall_s": round(wall, 2),
@@ -411,6 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stage-duration", default="1s")
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--profile", type=Path, default=None, metavar="DIR")
+    p.add_argument(
+        "--together",
+        action="store_true",
+        help="run the five services in one process (python -m services) instead of five",
+    )
     args = p.parse_args(argv)
     # SIGTERM (timeout, Ctrl-C from a wrapper) must still run the cleanup below.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

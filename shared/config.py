@@ -10,7 +10,7 @@ error, so a typo fails the start instead of being silently ignored.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
@@ -167,6 +167,23 @@ def load(cls: type[T], environ: Mapping[str, str]) -> T:
         return msgspec.convert(data, cls, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(_name_variable(str(exc))) from exc
+
+
+def load_many(
+    types: Sequence[type[ServiceSettings]], environ: Mapping[str, str]
+) -> list[ServiceSettings]:
+    """Decode each of ``types`` (services sharing a process) from one environment: each gets
+    the variables it knows, and a variable none of them knows is refused, as by :func:`load`."""
+    names = [_env_names(cls) for cls in types]
+    for key in environ:
+        unknown = key.startswith(PREFIX) and not any(key in n for n in names)
+        if unknown and not _service_link(key, environ):
+            known = ", ".join(sorted(set().union(*names)))
+            raise ConfigError(f"unknown setting {key}; known settings are: {known}")
+    return [
+        load(cls, {k: v for k, v in environ.items() if k in n or not k.startswith(PREFIX)})
+        for cls, n in zip(types, names, strict=True)
+    ]
 
 
 def _name_variable(message: str) -> str:

@@ -86,6 +86,8 @@ class Controller(Generic[K]):
             name=name or path,
             transform=transform,
         )
+        # Services sharing a process share the list and watch of what they all cache.
+        self.ctx.informers.attach(informer)
         self.informers.append(informer)
         return informer
 

@@ -24,6 +24,12 @@ An optional ``transform`` is applied to every object before it is cached (by the
 watch and :meth:`Informer.observe`), so a service keeps only the fields it reads; the default
 drops managedFields. The outage itself is logged by ``shared.kube.Outage``, once.
 
+Services that share a process (``python -m services``) share each list and watch through an
+:class:`InformerHub`: the first informer of a collection (same path, selectors and transform)
+lists and watches it and hands every list and event to the others, its *followers*, which
+keep stores, write-throughs, tombstones and handlers of their own, so each service sees
+exactly what it would see alone, while the process decodes and keeps each object once.
+
 What to do about a change is the caller's business; ``on_change`` must not block.
 """
 
@@ -119,6 +125,24 @@ class Informer:
     """How many full LISTs this informer made (the first, and one per 410 Gone)."""
     _rv: str = ""
     _tombstones: OrderedDict[str, str] = field(default_factory=OrderedDict)
+    _followers: list[Informer] = field(default_factory=list)
+    _leader: Informer | None = None
+
+    @property
+    def shares(self) -> tuple[str, str, str, Transform | None]:
+        """What makes two informers' caches the same: they may share one list and watch."""
+        return (self.path, self.label_selector, self.field_selector, self.transform)
+
+    def follow(self, leader: Informer) -> None:
+        """Take every list and event from ``leader`` instead of listing and watching."""
+        if leader.shares != self.shares or leader._leader is not None or leader is self:
+            raise ValueError(f"informer {self.name or self.path} cannot follow {leader.name}")
+        self._leader = leader
+        leader._followers.append(self)
+
+    @property
+    def _members(self) -> list[Informer]:
+        return [self, *self._followers]
 
     def get(self, key: str) -> JSON | None:
         return self.store.get(key)
@@ -164,7 +188,9 @@ class Informer:
         return time.monotonic() + self.resync_s * self.rng.uniform(1.0, 1.2)
 
     async def run(self) -> None:
-        """List and watch until cancelled."""
+        """List and watch until cancelled (a follower waits: its leader feeds it)."""
+        if self._leader is not None:
+            await asyncio.Event().wait()
         failures = 0
         resync_at = self._next_resync()
         while True:
@@ -174,7 +200,8 @@ class Informer:
                     failures = 0
                 left = resync_at - time.monotonic()
                 if left <= 0:
-                    self._replay()
+                    for member in self._members:
+                        member._replay()
                     resync_at = self._next_resync()
                     continue
                 opened = time.monotonic()
@@ -219,6 +246,11 @@ class Informer:
             for item in page.get("items") or []:
                 obj = self._shape(item)
                 fresh[key_of(obj)] = obj
+        for follower in self._followers:
+            follower._take_list(dict(fresh), rv)
+        self._take_list(fresh, rv)
+
+    def _take_list(self, fresh: dict[str, JSON], rv: str) -> None:
         self.lists += 1
         old_store = self.store
         self.store = fresh
@@ -245,21 +277,26 @@ class Informer:
             kind = event.get("type")
             raw = event.get("object") or {}
             if kind == "BOOKMARK":
-                self._rv = _rv_of(raw) or self._rv
+                rv = _rv_of(raw)
+                for member in self._members:
+                    member._rv = rv or member._rv
                 continue
             obj = self._shape(raw)
-            key = key_of(obj)
-            self._rv = _rv_of(obj) or self._rv
-            if kind == "DELETED":
-                old = self.store.pop(key, None)
-                self._bury(key, self._rv)
-                self._emit(old, None)
-            else:
-                old = self.store.get(key)
-                if old is not None and _rv_of(old) != _rv_of(obj) and _newer_or_same(old, obj):
-                    continue  # a write-through already stored a newer version
-                self.store[key] = obj
-                self._emit(old, obj)
+            for member in self._members:
+                member._take_event(kind == "DELETED", key_of(obj), obj)
+
+    def _take_event(self, deleted: bool, key: str, obj: JSON) -> None:
+        self._rv = _rv_of(obj) or self._rv
+        if deleted:
+            old = self.store.pop(key, None)
+            self._bury(key, self._rv)
+            self._emit(old, None)
+            return
+        old = self.store.get(key)
+        if old is not None and _rv_of(old) != _rv_of(obj) and _newer_or_same(old, obj):
+            return  # a write-through already stored a newer version
+        self.store[key] = obj
+        self._emit(old, obj)
 
     def _bury(self, key: str, rv: str) -> None:
         self._tombstones[key] = rv
@@ -297,6 +334,19 @@ async def wait_synced(*informers: Informer, timeout_s: float = 60.0) -> None:
     async with asyncio.timeout(timeout_s):
         for informer in informers:
             await informer.synced.wait()
+
+
+class InformerHub:
+    """The informers of the services sharing a process, by what they cache: the first of a
+    collection lists and watches it, later ones follow it (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self._leaders: dict[tuple[str, str, str, Transform | None], Informer] = {}
+
+    def attach(self, informer: Informer) -> None:
+        leader = self._leaders.setdefault(informer.shares, informer)
+        if leader is not informer:
+            informer.follow(leader)
 
 
 @contextlib.asynccontextmanager

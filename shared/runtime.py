@@ -7,12 +7,19 @@ or raises is a crash, so the process exits non-zero and Kubernetes restarts it. 
 ``stopping`` event is set first (consumers stop fetching), in-flight work gets
 ``graceful_timeout_s``, then the rest is cancelled. A last-resort timer hard-exits a process
 whose loop is wedged. What each root task does is not this module's business.
+
+Several services can share one process (:func:`main_many`, ``python -m services``): each is
+built as it would be alone, from a context of its own (its settings, a supervisor scope that
+prefixes its task names), over one API client, one NATS connection, one metrics registry, one
+probe server and one :class:`~shared.informer.InformerHub`, so their common caches are listed,
+watched and kept once. Any root task that ends stops them all, as in a process of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import logging
 import os
@@ -20,7 +27,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -34,6 +41,7 @@ from prometheus_client import (
 
 from shared import bus, config, health, kube, kubeaccess, logging as logging_
 from shared.config import ServiceSettings
+from shared.informer import InformerHub
 
 RootTask = Callable[[], Coroutine[Any, Any, None]]
 
@@ -57,7 +65,15 @@ class Supervisor:
         self.stopping = asyncio.Event()
         self._tasks: dict[str, RootTask] = {}
         self._graceful: set[str] = set()
-        self._reason = ""
+        self._reason = [""]
+        self._prefix = ""
+
+    def scoped(self, prefix: str) -> Supervisor:
+        """The same supervisor for one of the services sharing the process: the tasks it adds
+        are named ``prefix/name`` (two services may both have an ``informer:nodes``)."""
+        scope = copy.copy(self)  # shares the tasks, the stop flag and the stop reason
+        scope._prefix = f"{self._prefix}{prefix}/"
+        return scope
 
     def add(self, name: str, task: RootTask, *, graceful: bool = False) -> None:
         """Register a root task that runs until cancelled.
@@ -66,6 +82,7 @@ class Supervisor:
         (consumers, work queues); they get ``graceful_timeout_s`` before being cancelled.
         Other tasks (caches, timers, elections) are cancelled as soon as the stop begins.
         """
+        name = self._prefix + name
         if name in self._tasks:
             raise ValueError(f"root task {name!r} registered twice")
         self._tasks[name] = task
@@ -74,7 +91,7 @@ class Supervisor:
 
     def request_stop(self, reason: str) -> None:
         if not self.stopping.is_set():
-            self._reason = reason
+            self._reason[0] = reason
             _log.info("Stopping service", extra={"reason": reason})
             self.stopping.set()
 
@@ -92,7 +109,7 @@ class Supervisor:
                 if task in tasks and not self._finished_for_stop(task):
                     exit_code = 1
                     self._report_crash(tasks[task], task)
-            self.request_stop(self._reason or "root task ended")
+            self.request_stop(self._reason[0] or "root task ended")
             timer = self._arm_ultimate_exit()
             try:
                 for task, name in tasks.items():
@@ -160,9 +177,20 @@ class ServiceContext:
     pages: health.Pages = dataclasses.field(default_factory=health.Pages)
     """More pages of the health server (the status service's web page)."""
     clock: Callable[[], datetime] = utcnow
+    informers: InformerHub = dataclasses.field(default_factory=InformerHub)
+    """Shared by the services of one process, so each collection is watched once."""
 
 
 Builder = Callable[[ServiceContext], Awaitable[None]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Service:
+    """What a service is to a process: its name, its settings' type and how it is built."""
+
+    name: str
+    settings_type: type[ServiceSettings]
+    build: Builder
 
 
 def process_registry() -> CollectorRegistry:
@@ -219,6 +247,32 @@ async def serve(*, name: str, settings: ServiceSettings, build: Builder) -> int:
         return await ctx.supervisor.run()
 
 
+async def serve_many(*, name: str, services: Sequence[tuple[Service, ServiceSettings]]) -> int:
+    """Build several services over one process's resources (the first one's settings for
+    NATS, the API server and the probes: they come from the same environment), run them
+    until the stop or until any root task ends."""
+    first = services[0][1]
+    async with _context(name=name, settings=first) as shared:
+        for service, settings in services:
+            await service.build(
+                dataclasses.replace(
+                    shared,
+                    name=service.name,
+                    settings=settings,
+                    supervisor=shared.supervisor.scoped(service.name),
+                )
+            )
+        _log.info(
+            "Started services",
+            extra={
+                "identity": shared.identity,
+                "health_port": shared.health_port,
+                "services": ",".join(s.name for s, _ in services),
+            },
+        )
+        return await shared.supervisor.run()
+
+
 def main(
     *,
     name: str,
@@ -234,8 +288,23 @@ def main(
         print(f"{name}: invalid configuration: {exc}", file=sys.stderr)
         return 2
     logging_.configure(service=name, level=settings.log_level)
+    return _run(serve(name=name, settings=settings, build=build))
+
+
+def main_many(*, name: str, services: Sequence[Service], environ: Mapping[str, str]) -> int:
+    """Entry point of a process running ``services`` together (``python -m services``)."""
     try:
-        return asyncio.run(serve(name=name, settings=settings, build=build))
+        loaded = config.load_many([s.settings_type for s in services], environ)
+    except config.ConfigError as exc:
+        print(f"{name}: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    logging_.configure(service=name, level=loaded[0].log_level)
+    return _run(serve_many(name=name, services=list(zip(services, loaded, strict=True))))
+
+
+def _run(serving: Coroutine[Any, Any, int]) -> int:
+    try:
+        return asyncio.run(serving)
     except kubeaccess.ConfigError as exc:
         # Permanent until the pod's spec or mounts change: exit, and say what is missing.
         _log.error("Cannot configure the Kubernetes client", extra={"error": str(exc)})

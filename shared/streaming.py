@@ -47,7 +47,7 @@ from nats.js.api import (
 )
 from prometheus_client import CollectorRegistry, Counter
 
-from shared import cloudevents, events, subjects
+from shared import cloudevents, collectors, events, subjects
 from shared.bus import Bus
 from shared.config import NatsSettings
 
@@ -118,11 +118,15 @@ class Publisher:
         self._stream = bus.settings.stream
         self._window_s = bus.settings.duplicate_window_s
         self.source = source
-        self._published = Counter(
+        self._published = collectors.once(
+            registry,
             "nodewright_events_published",
-            "Events published, by kind and whether JetStream reported a duplicate",
-            ["kind", "duplicate"],
-            registry=registry,
+            lambda: Counter(
+                "nodewright_events_published",
+                "Events published, by kind and whether JetStream reported a duplicate",
+                ["kind", "duplicate"],
+                registry=registry,
+            ),
         )
 
     async def publish(self, event: events.Event, *, send_by: datetime | None = None) -> bool:
@@ -256,6 +260,10 @@ class _Metrics:
 
     @classmethod
     def make(cls, registry: CollectorRegistry | None) -> _Metrics:
+        return collectors.once(registry, "nodewright_events_handled", lambda: cls._new(registry))
+
+    @classmethod
+    def _new(cls, registry: CollectorRegistry | None) -> _Metrics:
         return cls(
             handled=Counter(
                 "nodewright_events_handled",

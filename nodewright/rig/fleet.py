@@ -2,8 +2,10 @@
 
 Used by the sandbox, the end-to-end tests and the benchmark: each service replica runs as
 ``python -m services.<name>`` with its environment pointing at the rig, its own health port
-and a log file in the rig's directory. Replicas can be killed (SIGKILL, to test crash
-recovery), restarted and scaled. Processes are stopped by pid, never by name.
+and a log file in the rig's directory; or all five run in one process, ``python -m services``
+(:meth:`Fleet.start_together`, the replicas of service :data:`TOGETHER`). Replicas can be
+killed (SIGKILL, to test crash recovery), restarted and scaled. Processes are stopped by pid,
+never by name.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from pathlib import Path
 from nodewright.rig import Rig, RigError, _death_signal_if_main_thread, _tail, free_port
 
 SERVICES = ("scheduler", "drainer", "executor", "validator", "status")
+TOGETHER = "all"
+"""The replicas' service name for one process running all five (``python -m services``)."""
 RBAC_DIR = (
     Path(__file__).resolve().parents[2] / "deploy" / "chart" / "nodewright" / "files" / "rbac"
 )
@@ -128,10 +132,12 @@ class Fleet:
             **self.extra_env,
         }
         if self.rbac:
+            if service == TOGETHER:
+                raise RigError(service, "one process for all services has no RBAC of its own")
             env["NODEWRIGHT_KUBE_KUBECONFIG"] = str(self.kubeconfig_for(service))
-        if self.simulate and service in ("executor", "validator"):
+        if self.simulate and service in ("executor", "validator", TOGETHER):
             env["NODEWRIGHT_PODS_SIMULATE"] = "true"
-        if service == "validator":
+        if service in ("validator", TOGETHER):
             # The API server calls the webhook on loopback: there is no Service routing here.
             env.setdefault("NODEWRIGHT_WEBHOOK_HOST", "127.0.0.1")
             # One port for every replica (they share it, SO_REUSEPORT): one endpoint, as a
@@ -142,9 +148,9 @@ class Fleet:
             env.setdefault("NODEWRIGHT_WEBHOOK_URL", "https://127.0.0.1:{port}")
             env.setdefault("NODEWRIGHT_WEBHOOK_NAMESPACE", self.namespace)
         # Only the settings each service knows may be set: unknown NODEWRIGHT_* is an error.
-        if service not in ("executor", "validator"):
+        if service not in ("executor", "validator", TOGETHER):
             env = {k: v for k, v in env.items() if not k.startswith("NODEWRIGHT_PODS_")}
-        if service != "validator":
+        if service not in ("validator", TOGETHER):
             env = {k: v for k, v in env.items() if not k.startswith("NODEWRIGHT_WEBHOOK")}
         return env
 
@@ -158,8 +164,9 @@ class Fleet:
             # Logs are appended to across fleets of one rig: remember where this one starts.
             self._log_starts.setdefault(log, log.stat().st_size if log.exists() else 0)
             with log.open("ab") as out:
+                module = "services" if service == TOGETHER else f"services.{service}"
                 popen = subprocess.Popen(
-                    [sys.executable, "-m", f"services.{service}"],
+                    [sys.executable, "-m", module],
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -174,6 +181,10 @@ class Fleet:
             for replica in started:
                 self.wait_ready(replica)
         return started
+
+    def start_together(self, *, wait: bool = True) -> Replica:
+        """All five services in one process (``python -m services``)."""
+        return self.start(TOGETHER, wait=wait)[0]
 
     def start_all(self, *, replicas: int = 1) -> None:
         for service in SERVICES:

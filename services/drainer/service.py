@@ -386,6 +386,9 @@ async def build(ctx: runtime.ServiceContext) -> None:
     Drainer(ctx, ctx.settings).controller.register()
 
 
+SERVICE = runtime.Service(name=NAME, settings_type=Settings, build=build)
+
+
 def main(environ: Mapping[str, str] | None = None) -> int:
     return runtime.main(
         name=NAME,

@@ -386,11 +386,15 @@ class MetadataIndex:
             self._crs_by_node.setdefault(key[1], set()).add(key[0])
 
 
+async def build(ctx: runtime.ServiceContext) -> None:
+    """Register the executor's informers, consumer, queue and resync with the supervisor."""
+    assert isinstance(ctx.settings, Settings)
+    Executor(ctx, ctx.settings).controller.register()
+
+
+SERVICE = runtime.Service(name=NAME, settings_type=Settings, build=build)
+
+
 def main(environ: Mapping[str, str] | None = None) -> int:
     env = os.environ if environ is None else environ
-
-    async def build(ctx: runtime.ServiceContext) -> None:
-        assert isinstance(ctx.settings, Settings)
-        Executor(ctx, ctx.settings).controller.register()
-
     return runtime.main(name=NAME, settings_type=Settings, build=build, environ=env)

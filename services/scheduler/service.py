@@ -487,6 +487,9 @@ async def build(ctx: runtime.ServiceContext) -> None:
     ctx.supervisor.add("leadership-watch", scheduler._on_leadership)
 
 
+SERVICE = runtime.Service(name=NAME, settings_type=Settings, build=build)
+
+
 def main(environ: Mapping[str, str] | None = None) -> int:
     return runtime.main(
         name=NAME,

@@ -623,6 +623,9 @@ async def build(ctx: runtime.ServiceContext) -> None:
     Status(ctx, ctx.settings).register()
 
 
+SERVICE = runtime.Service(name=NAME, settings_type=Settings, build=build)
+
+
 def main(environ: Mapping[str, str] | None = None) -> int:
     return runtime.main(
         name=NAME,

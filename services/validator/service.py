@@ -357,19 +357,23 @@ class Validator:
         return retry
 
 
+async def build(ctx: runtime.ServiceContext) -> None:
+    """Register the validator's controller and, when enabled, its admission webhook."""
+    assert isinstance(ctx.settings, Settings)
+    settings = ctx.settings
+    Validator(ctx, settings).controller.register()
+    if settings.webhook_enabled:
+
+        async def serve_admission() -> None:
+            async with webhook.serve_webhook(ctx.kube, settings.webhook):
+                await asyncio.Event().wait()  # serves until the stop cancels this task
+
+        ctx.supervisor.add("webhook", serve_admission)
+
+
+SERVICE = runtime.Service(name=NAME, settings_type=Settings, build=build)
+
+
 def main(environ: Mapping[str, str] | None = None) -> int:
     env = os.environ if environ is None else environ
-
-    async def build(ctx: runtime.ServiceContext) -> None:
-        assert isinstance(ctx.settings, Settings)
-        settings = ctx.settings
-        Validator(ctx, settings).controller.register()
-        if settings.webhook_enabled:
-
-            async def serve_admission() -> None:
-                async with webhook.serve_webhook(ctx.kube, settings.webhook):
-                    await asyncio.Event().wait()  # serves until the stop cancels this task
-
-            ctx.supervisor.add("webhook", serve_admission)
-
     return runtime.main(name=NAME, settings_type=Settings, build=build, environ=env)

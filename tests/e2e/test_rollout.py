@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
+from bench.rollout import service_requests
 from nodewright import manifests
 from nodewright.rig import Rig, nodes
+from nodewright.rig.fleet import TOGETHER
 from shared import api, nodestate, pods, progress
 from shared.kube import Kube, path_of
 from shared.records.scheduler import Selection
@@ -336,3 +338,37 @@ async def test_two_replicas_of_every_service_give_the_same_result(
         assert ledger.repeated() == {}, "no step run twice (a new attempt or cycle)"
         # 16 nodes x (apply, config) stage pods + as many check pods, each exactly once.
         assert len(ledger.uids) == 16 * 4
+
+
+async def test_the_five_services_in_one_process_give_the_same_result_with_one_watch_each(
+    cluster: Kube, services: Services
+) -> None:
+    """``python -m services``: the same rollout, the budget held, every pod once, and the
+    nodes and NodeWrights listed and watched once for the five services (the informer hub)."""
+    kapi = cluster
+    names = await nodes.create_nodes(
+        kapi, [f"gpu-{i:02d}" for i in range(12)], labels={"nodepool": "gpu"}
+    )
+    await nodes.wait_ready(kapi, names)
+    together = await asyncio.to_thread(services.fleet.start_together)
+    async with pod_ledger(kapi, services.namespace) as ledger:
+        cordons = Sampler(lambda: _cordoned(kapi, "nodepool=gpu"))
+        async with cordons:
+            await manifests.apply(kapi, _small_cr("together", {"count": 3}))
+            await eventually(
+                lambda: _all_done_and_ready(kapi, "together"),
+                timeout_s=300,
+                interval_s=1,
+                what="the rollout to finish",
+            )
+            await cordons.stop()
+        assert max(cordons.samples) <= 3
+        assert not ledger.duplicates()
+        assert ledger.repeated() == {}
+        assert len(ledger.uids) == 12 * 4
+    requests = service_requests(services.fleet)[TOGETHER]
+    # Alone, each of the five services lists and watches the nodes and the NodeWrights.
+    for resource in ("nodes", "nodewrights"):
+        assert requests[f"WATCH {resource}"] <= 2, (resource, requests)  # + one re-opened
+        assert requests[f"GET {resource}"] <= 2, (resource, requests)
+    assert together.alive()

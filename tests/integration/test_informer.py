@@ -1,9 +1,13 @@
 """The informer's cache against a real API server: a write-through never brings back what the
-watch saw deleted."""
+watch saw deleted; informers sharing one watch each see every change."""
 
 from __future__ import annotations
 
-from shared.informer import Informer, running
+import asyncio
+
+import pytest
+
+from shared.informer import Informer, InformerHub, OnChange, running, wait_synced
 from shared.kube import JSON, Kube, path_of
 from tests.helpers.waiting import eventually
 
@@ -44,3 +48,57 @@ async def test_a_write_that_removed_the_last_finalizer_does_not_come_back_after_
         cached = informer.get(key)
         assert cached is not None
         assert cached["data"] == {"a": "3"}
+
+
+async def test_a_follower_sees_every_change_of_its_leader_s_one_watch_and_keeps_its_own_writes(
+    kapi: Kube, namespace: str
+) -> None:
+    """Services sharing a process (python -m services) share one list and watch per
+    collection: each still sees every change, and a write-through stays its own."""
+    collection = path_of(plural="configmaps", namespace=namespace)
+    await kapi.create(collection, {"metadata": {"name": "before"}, "data": {"a": "1"}})
+    seen: dict[str, list[tuple[JSON | None, JSON | None]]] = {"leader": [], "follower": []}
+    hub = InformerHub()
+
+    def recorder(who: str) -> OnChange:
+        return lambda old, new: seen[who].append((old, new))
+
+    leader = Informer(kube=kapi, path=collection, on_change=recorder("leader"))
+    follower = Informer(kube=kapi, path=collection, on_change=recorder("follower"))
+    hub.attach(leader)
+    hub.attach(follower)
+    other = Informer(kube=kapi, path=collection, label_selector="x=y", on_change=print)
+    hub.attach(other)
+    with pytest.raises(ValueError, match="cannot follow"):
+        other.follow(leader)  # another selector is another cache
+    leader_run = asyncio.create_task(leader.run())
+    follower_run = asyncio.create_task(follower.run())
+    try:
+        await wait_synced(leader, follower)
+        key = f"{namespace}/before"
+        assert follower.get(key) is leader.get(key), "one decoded object, two stores"
+        assert leader.lists == follower.lists == 1
+        written = await kapi.patch(
+            path_of(plural="configmaps", namespace=namespace, name="before"), {"data": {"a": "2"}}
+        )
+        follower.observe(written)
+        assert (follower.get(key) or {})["data"] == {"a": "2"}
+        assert (leader.get(key) or {})["data"] == {"a": "1"}, "the follower's write-through"
+        await kapi.create(collection, {"metadata": {"name": "after"}, "data": {"b": "1"}})
+        await kapi.delete(path_of(plural="configmaps", namespace=namespace, name="before"))
+
+        async def both_saw_it() -> bool:
+            return all(
+                informer.get(f"{namespace}/after") is not None and informer.get(key) is None
+                for informer in (leader, follower)
+            )
+
+        await eventually(both_saw_it, what="both to see the create and the delete")
+        assert [(o is None, n is None) for o, n in seen["follower"]] == [
+            (o is None, n is None) for o, n in seen["leader"]
+        ]
+        assert not follower_run.done(), "a follower waits; it makes no request of its own"
+    finally:
+        for task in (leader_run, follower_run):
+            task.cancel()
+        await asyncio.gather(leader_run, follower_run, return_exceptions=True)

@@ -9,7 +9,10 @@ import signal
 
 import pytest
 
-from shared import config, runtime
+from services import __main__ as together
+from services.drainer.config import Settings as DrainerSettings
+from services.validator.config import Settings as ValidatorSettings
+from shared import collectors, config, runtime
 
 
 async def test_sigterm_cancels_caches_at_once_and_lets_graceful_tasks_finish() -> None:
@@ -108,3 +111,68 @@ def test_credentials_that_cannot_work_stop_the_service_at_once_naming_what_to_se
     )
     assert code == 2
     assert "set NODEWRIGHT_KUBE_KUBECONFIG" in capsys.readouterr().err
+
+
+async def test_services_sharing_a_process_name_their_tasks_and_stop_together() -> None:
+    sup = runtime.Supervisor(name="all", graceful_timeout_s=1)
+    scheduler, drainer = sup.scoped("scheduler"), sup.scoped("drainer")
+
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    # Both have an informer of nodes: the scope tells them apart.
+    scheduler.add("informer:nodes", forever)
+    drainer.add("informer:nodes", forever)
+    with pytest.raises(ValueError, match="drainer/informer:nodes"):
+        drainer.add("informer:nodes", forever)
+    assert drainer.stopping is sup.stopping
+    run = asyncio.create_task(sup.run())
+    await asyncio.sleep(0.05)
+    drainer.request_stop("the drainer asked")
+    assert await asyncio.wait_for(run, 5) == 0
+    assert scheduler.stopping.is_set()
+
+
+def test_services_sharing_an_environment_each_get_their_settings_and_a_typo_is_refused() -> None:
+    environ = {
+        "NODEWRIGHT_NATS_URL": "nats://x:1",
+        "NODEWRIGHT_WEBHOOK_PORT": "9443",  # the validator's alone
+        "NODEWRIGHT_DRAINER_WORKERS": "4",  # the drainer's alone
+        "HOME": "/x",
+    }
+    drainer, validator = config.load_many([DrainerSettings, ValidatorSettings], environ)
+    assert isinstance(drainer, DrainerSettings)
+    assert isinstance(validator, ValidatorSettings)
+    assert drainer.nats.url == validator.nats.url == "nats://x:1"
+    assert validator.webhook.port == 9443
+    assert drainer.drainer.workers == 4
+    with pytest.raises(config.ConfigError, match="NODEWRIGHT_WEBHOOK_PROT"):
+        config.load_many(
+            [DrainerSettings, ValidatorSettings], {**environ, "NODEWRIGHT_WEBHOOK_PROT": "1"}
+        )
+    with pytest.raises(config.ConfigError, match="NODEWRIGHT_WEBHOOK_PORT"):
+        config.load_many([DrainerSettings, ValidatorSettings], {"NODEWRIGHT_WEBHOOK_PORT": "x"})
+
+
+def test_python_m_services_names_the_unknown_service_and_the_choices(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        together.main(["scheduler", "drianer"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "unknown service 'drianer'" in err
+    assert "scheduler, drainer, executor, validator, status" in err
+
+
+def test_metrics_that_services_sharing_a_registry_both_make_are_made_once() -> None:
+    registry = runtime.process_registry()
+    made: list[int] = []
+
+    def make() -> int:
+        made.append(1)
+        return len(made)
+
+    assert collectors.once(registry, "m", make) == collectors.once(registry, "m", make) == 1
+    assert collectors.once(runtime.process_registry(), "m", make) == 2, "per registry"
+    assert collectors.once(None, "m", make) == 3, "no registry: nothing shared"
