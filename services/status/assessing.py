@@ -22,9 +22,10 @@ the CR status is ``services.status.core``'s job; reading caches and writing is t
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any, Final
 
 from shared import api, nodestate, progress, reasons
@@ -88,9 +89,9 @@ class Observed:
     def name(self) -> str:
         return self.facts.name
 
-    @property
+    @cached_property
     def reported(self) -> Reported | None:
-        """What the condition said (the previous pass's report)."""
+        """What the condition said (the previous pass's report); decoded once per object."""
         return reported(self.condition)
 
 
@@ -107,13 +108,42 @@ def involves(node: Mapping[str, Any], cr: str, selector: api.LabelSelector | Non
     return find_condition(node, cr) is not None
 
 
-def observe(node: Mapping[str, Any], cr: str) -> Observed:
+FactsOf = Callable[[Mapping[str, Any], str], NodeFacts]
+
+
+def observe(node: Mapping[str, Any], cr: str, facts_of: FactsOf = progress.facts) -> Observed:
     """Read one node for ``cr``."""
     return Observed(
-        facts=progress.facts(node, cr),
+        facts=facts_of(node, cr),
         condition=find_condition(node, cr),
         legacy_record=nodestate.annotations_of(node).get(nodestate.key(nodestate.STATUS, cr)),
     )
+
+
+class ObservedCache:
+    """:func:`observe` memoised per (node, NodeWright) and the node's resourceVersion: a pass
+    over every node reads again only the nodes that changed since the last one (every pass
+    read them all: a third of the status service's CPU, issue 15)."""
+
+    def __init__(self, facts_of: FactsOf = progress.facts) -> None:
+        self._facts_of = facts_of
+        self._memo: dict[tuple[str, str], tuple[str, Observed]] = {}
+
+    def __call__(self, node: Mapping[str, Any], cr: str) -> Observed:
+        meta = node.get("metadata") or {}
+        key = (str(meta.get("name", "")), cr)
+        version = str(meta.get("resourceVersion") or "")
+        hit = self._memo.get(key)
+        if hit is not None and version and hit[0] == version:
+            return hit[1]
+        seen = observe(node, cr, self._facts_of)
+        self._memo[key] = (version, seen)
+        return seen
+
+    def forget(self, node: str) -> None:
+        """Drop a deleted node's entries."""
+        for key in [k for k in self._memo if k[0] == node]:
+            del self._memo[key]
 
 
 # ---- helpers -----------------------------------------------------------------------------

@@ -135,6 +135,7 @@ class Status:
         )
         self._selectors: dict[str, tuple[str, api.LabelSelector | None]] = {}
         self._facts = fleet.FactsCache()
+        self._observed = assessing.ObservedCache(self._facts)
         self._kube_events = Counter(
             "nodewright_status_kube_events",
             "Kubernetes Events written, by type and outcome: created, counted in an existing "
@@ -245,6 +246,7 @@ class Status:
     def _node_keys(self, old: JSON | None, new: JSON | None) -> Iterable[str]:
         if new is None and old is not None:
             self._facts.forget(str(old["metadata"]["name"]))
+            self._observed.forget(str(old["metadata"]["name"]))
         if old is not None and new is not None and _signature(old) == _signature(new):
             return []
         keys: set[str] = set()
@@ -277,7 +279,7 @@ class Status:
         policy = self._policy(cr)
         selector = cr.spec.node_selectors
         observed = [
-            assessing.observe(n, name)
+            self._observed(n, name)
             for n in self.nodes.values()
             if assessing.involves(n, name, selector)
         ]
@@ -332,7 +334,7 @@ class Status:
         """The NodeWright is gone: remove its node conditions (and an earlier version's status
         records); False if a node changed meanwhile."""
         observed = [
-            assessing.observe(n, name)
+            self._observed(n, name)
             for n in self.nodes.values()
             if assessing.involves(n, name, None)
         ]

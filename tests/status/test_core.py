@@ -923,3 +923,22 @@ def test_applying_the_merge_patch_to_the_old_document_gives_the_new_one(
     old: dict[str, Any], new: dict[str, Any]
 ) -> None:
     assert _apply(old, core.merge_patch(old, new)) == new
+
+
+def test_a_node_is_read_again_only_when_its_resource_version_changed() -> None:
+    reads: list[str] = []
+
+    def facts_of(seen: Mapping[str, Any], cr: str) -> progress.NodeFacts:
+        reads.append(seen["metadata"]["resourceVersion"])
+        return progress.facts(seen, cr)
+
+    cache = assessing.ObservedCache(facts_of)
+    obj: dict[str, Any] = {"metadata": {"name": "n1", "resourceVersion": "5"}}
+    first = cache(obj, "cr")
+    assert cache(dict(obj), "cr") is first, "same version: the same reading"
+    assert cache(obj, "other") is not first, "per NodeWright"
+    changed = cache({"metadata": {"name": "n1", "resourceVersion": "6"}}, "cr")
+    assert changed is not first
+    cache.forget("n1")
+    cache(obj, "cr")
+    assert reads == ["5", "5", "6", "5"]
