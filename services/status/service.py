@@ -34,6 +34,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -136,6 +137,7 @@ class Status:
         self._selectors: dict[str, tuple[str, api.LabelSelector | None]] = {}
         self._facts = fleet.FactsCache()
         self._observed = assessing.ObservedCache(self._facts)
+        self._status_written_at: dict[str, datetime] = {}
         self._kube_events = Counter(
             "nodewright_status_kube_events",
             "Kubernetes Events written, by type and outcome: created, counted in an existing "
@@ -269,6 +271,7 @@ class Status:
         raw = self.crs.get(name)
         if raw is None:
             self.gauges.latest.pop(name, None)
+            self._status_written_at.pop(name, None)
             return None if await self._clean_up(name) else 0.5
         try:
             cr = api.from_dict(raw, api.NodeWright)
@@ -303,17 +306,29 @@ class Status:
         status = core.summarize(cr, policy, views, now, plan)
         updates = core.node_updates(name, views, observed, now)
         nodes_ok = status_ok = False
+        due = 0.0 if status == cr.status else self._status_due(name, now)
         try:
             nodes_ok = await self._write_nodes(name, updates)
         finally:
-            # The status is written once per pass, whatever happened to the node writes.
-            status_ok = await self._write_status(name, raw, cr, status)
+            # The status is written once per pass, whatever happened to the node writes,
+            # unless the last write was too recent: then a pass at its due time writes it.
+            if due <= 0:
+                status_ok = await self._write_status(name, raw, cr, status)
         self.gauges.latest[name] = metrics.samples(cr, policy, status, views)
         await self._compartment_events(cr, status, views, observed, status_written=status_ok)
         await self._rollout_events(cr, status, views, observed, status_written=status_ok)
+        if due > 0:
+            return due
         if not (nodes_ok and status_ok):
             return 0.5
         return self.ctx.settings.resync_interval_s
+
+    def _status_due(self, name: str, now: datetime) -> float:
+        """Seconds until the NodeWright's status may be written again (0: now)."""
+        last = self._status_written_at.get(name)
+        if last is None:
+            return 0.0
+        return self.settings.write_interval_s - (now - last).total_seconds()
 
     def _policy(self, cr: api.NodeWright) -> api.DeploymentPolicy | None:
         if not cr.spec.deployment_policy:
@@ -437,6 +452,7 @@ class Status:
                 return False
             raise
         self.crs.observe(written)
+        self._status_written_at[name] = self.ctx.clock()
         self._writes.labels("nodewright", "written").inc()
         _log.info(
             "Updated NodeWright status",

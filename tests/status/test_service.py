@@ -738,3 +738,41 @@ async def test_metrics_show_each_nodewright_and_its_series_go_when_it_is_deleted
         assert (await _scrape(h, other))[target] == 0.0
     finally:
         await _delete(h.kapi, f"{NODEWRIGHTS}/{other}")
+
+
+async def _status_writes(h: Harness) -> float:
+    url = f"http://127.0.0.1:{h.health_port}/metrics"
+    async with aiohttp.ClientSession() as session, session.get(url) as resp:
+        text = await resp.text()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "nodewright_status_writes_total"
+        and sample.labels == {"object": "nodewright", "outcome": "written"}
+    )
+
+
+@pytest.mark.parametrize("harness", [{"NODEWRIGHT_STATUS_WRITE_INTERVAL_S": "4"}], indirect=True)
+async def test_changes_within_the_write_interval_go_out_in_one_status_write(
+    harness: Harness,
+) -> None:
+    h = harness
+    suffixes = ("w1", "w2", "w3", "w4")
+    await _nodes(h, *suffixes, labels={"pool": "gpu"})
+    cr = await _nodewright(h, interruptionBudget={"count": 1})
+    await _status_when(h, lambda s: s.complete_nodes == "0/4", "the first status")
+    await asyncio.sleep(4)  # a quiet spell: the next change is written at once
+    before = await _status_writes(h)
+    for suffix in suffixes:
+        await _records(h, suffix, _complete(cr))
+        await asyncio.sleep(0.5)  # each change has a pass of its own: 4 writes without a limit
+    status = await _status_when(
+        h, lambda s: s.complete_nodes == "4/4", "the status to count every complete node"
+    )
+    ready = _ready(status)
+    assert ready is not None
+    assert ready.status == "True"
+    await asyncio.sleep(5)  # a write still due would land within the interval
+    # The first change at once, the rest together once the interval has passed.
+    assert 1 <= await _status_writes(h) - before <= 2
