@@ -15,11 +15,12 @@ class StatusSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     node_writes: Annotated[int, msgspec.Meta(ge=1)] = 16
     """Node conditions written concurrently within one pass: the first pass over a large
     fleet writes one per node."""
-    write_interval_s: Annotated[float, msgspec.Meta(ge=0)] = 1.0
-    """The least time between two writes of one NodeWright's status: the changes of a rollout
-    within it go out in one write (at 1,000 nodes the counts change many times a second, and
-    every write is decoded by every service watching NodeWrights). The first change after a
-    quiet spell is written at once; 0 writes every change."""
+    pass_interval_s: Annotated[float, msgspec.Meta(ge=0)] = 1.0
+    """The least time between two passes over one NodeWright (a pass reads all its nodes and
+    writes what changed: node conditions, the status, Events). The first change after a
+    quiet spell is handled at once, the changes within the next interval in one pass: a
+    rollout changes nodes many times a second, and each status write is decoded by every
+    service watching NodeWrights. 0: a pass for every change."""
     replay_history: bool = False
     """Whether a brand-new event consumer replays the stream's history into Kubernetes Events.
     false: it starts at the stream's end, so installing the service does not raise a week of

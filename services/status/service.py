@@ -137,7 +137,7 @@ class Status:
         self._selectors: dict[str, tuple[str, api.LabelSelector | None]] = {}
         self._facts = fleet.FactsCache()
         self._observed = assessing.ObservedCache(self._facts)
-        self._status_written_at: dict[str, datetime] = {}
+        self._passed_at: dict[str, datetime] = {}
         self._kube_events = Counter(
             "nodewright_status_kube_events",
             "Kubernetes Events written, by type and outcome: created, counted in an existing "
@@ -271,7 +271,7 @@ class Status:
         raw = self.crs.get(name)
         if raw is None:
             self.gauges.latest.pop(name, None)
-            self._status_written_at.pop(name, None)
+            self._passed_at.pop(name, None)
             return None if await self._clean_up(name) else 0.5
         try:
             cr = api.from_dict(raw, api.NodeWright)
@@ -279,6 +279,12 @@ class Status:
             self.gauges.latest.pop(name, None)
             _log.error("Skipped invalid NodeWright", extra={"nodewright": name, "error": str(exc)})
             return None
+        # Within the interval the changes wait for one pass together: each pass reads every
+        # node of the NodeWright, and a rollout changes some of them many times a second.
+        due = self._due(name, self.ctx.clock())
+        if due > 0:
+            return due
+        self._passed_at[name] = self.ctx.clock()
         policy = self._policy(cr)
         selector = cr.spec.node_selectors
         observed = [
@@ -306,29 +312,24 @@ class Status:
         status = core.summarize(cr, policy, views, now, plan)
         updates = core.node_updates(name, views, observed, now)
         nodes_ok = status_ok = False
-        due = 0.0 if status == cr.status else self._status_due(name, now)
         try:
             nodes_ok = await self._write_nodes(name, updates)
         finally:
-            # The status is written once per pass, whatever happened to the node writes,
-            # unless the last write was too recent: then a pass at its due time writes it.
-            if due <= 0:
-                status_ok = await self._write_status(name, raw, cr, status)
+            # The status is written once per pass, whatever happened to the node writes.
+            status_ok = await self._write_status(name, raw, cr, status)
         self.gauges.latest[name] = metrics.samples(cr, policy, status, views)
         await self._compartment_events(cr, status, views, observed, status_written=status_ok)
         await self._rollout_events(cr, status, views, observed, status_written=status_ok)
-        if due > 0:
-            return due
         if not (nodes_ok and status_ok):
             return 0.5
         return self.ctx.settings.resync_interval_s
 
-    def _status_due(self, name: str, now: datetime) -> float:
-        """Seconds until the NodeWright's status may be written again (0: now)."""
-        last = self._status_written_at.get(name)
+    def _due(self, name: str, now: datetime) -> float:
+        """Seconds until the next pass over the NodeWright may start (0: now)."""
+        last = self._passed_at.get(name)
         if last is None:
             return 0.0
-        return self.settings.write_interval_s - (now - last).total_seconds()
+        return self.settings.pass_interval_s - (now - last).total_seconds()
 
     def _policy(self, cr: api.NodeWright) -> api.DeploymentPolicy | None:
         if not cr.spec.deployment_policy:
@@ -452,7 +453,6 @@ class Status:
                 return False
             raise
         self.crs.observe(written)
-        self._status_written_at[name] = self.ctx.clock()
         self._writes.labels("nodewright", "written").inc()
         _log.info(
             "Updated NodeWright status",

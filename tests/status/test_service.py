@@ -753,8 +753,8 @@ async def _status_writes(h: Harness) -> float:
     )
 
 
-@pytest.mark.parametrize("harness", [{"NODEWRIGHT_STATUS_WRITE_INTERVAL_S": "4"}], indirect=True)
-async def test_changes_within_the_write_interval_go_out_in_one_status_write(
+@pytest.mark.parametrize("harness", [{"NODEWRIGHT_STATUS_PASS_INTERVAL_S": "4"}], indirect=True)
+async def test_changes_within_the_pass_interval_go_out_in_one_status_write(
     harness: Harness,
 ) -> None:
     h = harness
