@@ -19,7 +19,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from shared import events, pods, streaming
 from shared.informer import (
@@ -195,6 +195,25 @@ def status_only(old: JSON | None, new: JSON | None) -> bool:
         return False
     a, b = old.get("metadata") or {}, new.get("metadata") or {}
     return all(a.get(k) == b.get(k) for k in ("generation", "annotations", "deletionTimestamp"))
+
+
+def node_unchanged(old: JSON | None, new: JSON | None) -> bool:
+    """A node change that no decision of the scheduler, the drainer, the executor or the
+    validator reads: a condition's heartbeat, or the status service's node condition (its
+    report, written once per state of each node). They decide from the node's metadata, its
+    spec, whether it is Ready and its boot ID; waking each of them for the rest cost a pass
+    per node on each write of the status service and on every kubelet heartbeat (issue 15).
+    The change is still cached: the next decision reads it, with its resourceVersion."""
+    if old is None or new is None or old is new:
+        return False  # an add, a delete, or the informer's periodic replay of its cache
+    return _decided_from(old) == _decided_from(new)
+
+
+def _decided_from(node: JSON) -> tuple[Any, ...]:
+    meta = {k: v for k, v in (node.get("metadata") or {}).items() if k != "resourceVersion"}
+    status = node.get("status") or {}
+    ready = [c.get("status") for c in status.get("conditions") or () if c.get("type") == "Ready"]
+    return (meta, node.get("spec"), ready, (status.get("nodeInfo") or {}).get("bootID"))
 
 
 async def patch_node(kube: Kube, nodes: Informer, name: str, body: JSON) -> bool:

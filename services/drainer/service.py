@@ -39,7 +39,7 @@ from shared import (
     streaming,
     subjects,
 )
-from shared.controller import Controller, NodeKey, status_only
+from shared.controller import Controller, NodeKey, node_unchanged, status_only
 from shared.decisions import Keep
 from shared.informer import Informer, key_of, slim_node
 from shared.kube import JSON, ApiError, path_of
@@ -140,6 +140,8 @@ class Drainer:
         return [k for k in self.all_keys() if k[0] == name]
 
     def _node_keys(self, old: JSON | None, new: JSON | None) -> Iterable[NodeKey]:
+        if node_unchanged(old, new):
+            return []
         obj = new or old
         if not obj:
             return []

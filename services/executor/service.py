@@ -40,7 +40,7 @@ from shared import (
     streaming,
     subjects,
 )
-from shared.controller import Controller, NodeKey, PodIndex, status_only
+from shared.controller import Controller, NodeKey, PodIndex, node_unchanged, status_only
 from shared.decisions import NodeDecision, Remove, Write
 from shared.informer import Informer, slim_node
 from shared.kube import JSON, ApiError, path_of
@@ -143,6 +143,8 @@ class Executor:
         return [k for k in self.all_keys() if k[0] == cr]
 
     def _node_keys(self, old: JSON | None, new: JSON | None) -> Iterable[NodeKey]:
+        if node_unchanged(old, new):
+            return []
         obj = new or old
         if not obj:
             return []

@@ -45,7 +45,7 @@ from shared import (
     streaming,
     subjects,
 )
-from shared.controller import Controller, patch_node
+from shared.controller import Controller, node_unchanged, patch_node
 from shared.informer import Informer, slim_node
 from shared.kube import JSON, ApiError, path_of
 from shared.leader import LeaderElector
@@ -139,6 +139,8 @@ class Scheduler:
     def _node_keys(self, old: JSON | None, new: JSON | None) -> Iterable[str]:
         if new is None and old is not None:
             self._facts.forget(str(old["metadata"]["name"]))
+        if node_unchanged(old, new):
+            return []
         # Any node change may free or need a slot of any NodeWright; the queue coalesces.
         gone = [
             cr
