@@ -107,6 +107,12 @@ class NodeDecision:
     delete: tuple[PodRef, ...] = ()
     """Pods to delete, in the services' namespace: exactly the ones decided on (their UID
     and resourceVersion are the delete's preconditions)."""
+    settled: frozenset[str] = frozenset()
+    """Names among :attr:`delete` whose outcome the owner's record the decision was taken
+    on already holds (a finished pod of a stage or check the record has moved past). A
+    record only moves forward and a later attempt or cycle gets a new pod name, so the
+    current record cannot still need such a pod, however stale the cache: deleting it asks
+    for no fence write (1.5 precondition-only Node PATCHes per node per service, issue 15)."""
     events: tuple[events.Event, ...] = ()
     requeue_after: float | None = None
     observed_version: str = ""
@@ -124,7 +130,10 @@ class NodeDecision:
             or bool(self.spec)
             or bool(self.annotations)
             or bool(self.events)  # they go into the outbox with the transition
-            or (self.fence and bool(self.create or self.delete))
+            or (
+                self.fence
+                and (bool(self.create) or any(p.name not in self.settled for p in self.delete))
+            )
         )
 
 

@@ -10,7 +10,9 @@
    decision was taken on (:attr:`NodeDecision.observed_version`) as precondition: a
    decision taken on a stale node is refused (the key is looked at again at once, on fresh
    data). With :attr:`NodeDecision.fence` the patch is made even when nothing
-   changes, before any pod is created or deleted (see there);
+   changes, before any pod is created or deleted (see there), unless the only pods to
+   delete are :attr:`NodeDecision.settled` ones (finished, and moved past by the record
+   decided on: no record can still want them);
 3. create the ConfigMaps and pods (one that exists already is success: names are
    deterministic), at most :data:`CREATE_WITHIN_S` after that write; delete the pods, each
    with its UID and resourceVersion as preconditions and only once it is
@@ -25,8 +27,7 @@ Why both bounds: a replica may decide to create a pod it has not seen yet in its
 (another replica just created it); its create then meets the pod (AlreadyExists) as long as
 nobody deleted it meanwhile. Nobody deletes a pod younger than :data:`MIN_POD_AGE_S`, and
 a create comes at most :data:`CREATE_WITHIN_S` after the write that proved the record still
-wanted it, so a stage never runs twice under one name (docs/design.md "Each stage runs as
-often as its attempt says").
+wanted it, so a stage never runs twice under one name.
 
 The ports are Protocols: :class:`NodePort` (the node cache and its preconditioned patch),
 :class:`ObjectPort` (pods and ConfigMaps in the services' namespace) and :class:`EventPort`

@@ -481,3 +481,33 @@ def release_due(cr: api.NodeWright, node: NodeFacts) -> bool:
     releases its record (and its cordon), then the scheduler its admission. One rule for
     both, so neither lets go before the other may."""
     return turn(cr, node) in ("release", "done")
+
+
+# Where a stage comes in its cycle (the interrupt runs between config and post-interrupt).
+_STAGE_RANK: dict[str, int] = {
+    "apply": 0,
+    "upgrade": 0,
+    "uninstall": 0,
+    "config": 1,
+    "interrupt": 2,
+    "post-interrupt": 3,
+}
+
+
+def cycle_of(r: PackageRecord) -> str:
+    """The cycle a package record is in, as stage and check pods carry it."""
+    return r.cycle_started.isoformat() if r.cycle_started is not None else ""
+
+
+def stage_passed(
+    r: PackageRecord | None, *, stage: str, version: str, attempt: int, cycle: str
+) -> bool:
+    """The package record ``r`` has moved past ``stage``'s ``attempt`` of its current cycle
+    (a later stage, or a later attempt of it): that attempt's stage and check pods are
+    needed by no record from now on, since a record only moves forward and a new attempt or
+    cycle runs under new pod names."""
+    if r is None or not cycle or cycle != cycle_of(r) or version != r.version:
+        return False
+    if stage == r.stage:
+        return attempt < r.attempt
+    return _STAGE_RANK.get(stage, 9) < _STAGE_RANK.get(r.stage, -1)

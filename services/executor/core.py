@@ -77,6 +77,8 @@ class Decision:
     record: RecordChange = field(default_factory=Keep)
     create: tuple[PodRequest, ...] = ()
     delete: tuple[str, ...] = ()
+    settled: frozenset[str] = frozenset()
+    """Among :attr:`delete`: the pods the record already moved past (:func:`_settled`)."""
     publish: tuple[events.Event, ...] = ()
     requeue_after: float | None = None
     problem: str = ""
@@ -89,10 +91,6 @@ class _Work(Work):
 
     packages: dict[str, PackageRecord]
     interrupt: InterruptRecord | None
-
-
-def _cycle_of(r: PackageRecord) -> str:
-    return r.cycle_started.isoformat() if r.cycle_started is not None else ""
 
 
 def pod_name(cr: str, node: str, req: PodRequest) -> str:
@@ -282,7 +280,7 @@ def _request_stage(w: _Work, d: Desired, r: PackageRecord) -> None:
         previous=r.previous,
         desired=d,
         node_order=w.node.selection.order if w.node.selection is not None else None,
-        cycle=_cycle_of(r),
+        cycle=progress.cycle_of(r),
     )
     req = replace(req, name=pod_name(w.cr.metadata.name, w.node.name, req))
     w.start(req)
@@ -407,8 +405,23 @@ def _advance(w: _Work, d: Desired, r: PackageRecord) -> PackageRecord:
     return new
 
 
+def _settled(records: Mapping[str, PackageRecord], pod: PodView) -> bool:
+    """``pod`` is a finished stage pod whose outcome its package's record folded in, or
+    whose stage or attempt that record moved past: no later record needs it, so deleting it
+    needs no fence. Anything else (a pod of another cycle, a running one) goes after the
+    fence write."""
+    r = records.get(pod.package)
+    if pod.role != "stage" or pod.phase not in ("Succeeded", "Failed") or r is None:
+        return False
+    folded = pod.stage == r.stage and pod.attempt == r.attempt and r.state != "running"
+    same_cycle = bool(pod.cycle) and pod.cycle == progress.cycle_of(r) and pod.version == r.version
+    return (same_cycle and folded) or progress.stage_passed(
+        r, stage=pod.stage, version=pod.version, attempt=pod.attempt, cycle=pod.cycle
+    )
+
+
 def _key(r: PackageRecord, name: str) -> PodKey:
-    return (name, r.stage, r.version, r.attempt, _cycle_of(r))
+    return (name, r.stage, r.version, r.attempt, progress.cycle_of(r))
 
 
 def _spec_changed(w: _Work, d: Desired, r: PackageRecord) -> bool:
@@ -827,7 +840,9 @@ def decide(
     if turn in ("executor", "failed"):
         _packages(w, desired, pods_by, image_pull_grace_s, may_start)
         _interrupt(w, desired, pods_by, image_pull_grace_s, may_start)
-    delete = tuple(sorted(p.name for p in mine if p.name not in w.keep and not p.deleting))
+    gone = [p for p in mine if p.name not in w.keep and not p.deleting]
+    delete = tuple(sorted(p.name for p in gone))
+    settled = frozenset(p.name for p in gone if _settled(node.executor.packages, p))
     # A fresh record starts out having honoured every request: there was nothing to act on.
     mark = requests.latest if fresh else node.executor.honoured
     boot_id = node.executor.boot_id
@@ -849,6 +864,7 @@ def decide(
         record=Write(new_record) if changed else Keep(),
         create=tuple(w.create),
         delete=delete,
+        settled=settled,
         publish=tuple(w.out.events),
         requeue_after=w.requeue,
     )

@@ -298,6 +298,7 @@ class Executor:
                 config_maps=tuple(config_maps),
                 create=tuple(bodies),
                 delete=nodeshell.pod_refs(self.pods, self.ctx.settings.namespace, decision.delete),
+                settled=decision.settled,
                 events=decision.publish,
                 requeue_after=decision.requeue_after,
             ),

@@ -80,6 +80,8 @@ class Decision:
     record: RecordChange = field(default_factory=Keep)
     create: tuple[PodRequest, ...] = ()
     delete: tuple[str, ...] = ()
+    settled: frozenset[str] = frozenset()
+    """Among :attr:`delete`: the check pods whose verdict the record holds (:func:`_settled`)."""
     publish: tuple[events.Event, ...] = ()
     remove_readiness_taint: bool = False
     add_readiness_taint: bool = False
@@ -105,6 +107,30 @@ class _Work(Work):
     """The validator's pass: the check verdicts as they change."""
 
     checks: dict[str, CheckRecord]
+
+
+def _settled(node: NodeFacts, pod: PodView) -> bool:
+    """``pod`` is a finished check pod whose verdict the record holds (written after the pod
+    was created, about its attempt), or whose stage the executor's record moved past: no
+    later record needs it (a new attempt or cycle runs under a new name), so deleting it
+    needs no fence."""
+    if pod.phase not in ("Succeeded", "Failed"):
+        return False
+    v = node.validator.checks.get(check_key(pod.package, pod.version, pod.stage))
+    held = (
+        v is not None
+        and v.verdict != "running"
+        and v.attempt == pod.attempt
+        and pod.created is not None
+        and v.at >= pod.created
+    )
+    return held or progress.stage_passed(
+        node.executor.packages.get(pod.package),
+        stage=pod.stage,
+        version=pod.version,
+        attempt=pod.attempt,
+        cycle=pod.cycle,
+    )
 
 
 def _request(
@@ -202,7 +228,7 @@ def _checks(
         if r.state != "succeeded":
             continue
         v = w.checks.get(key)
-        cycle = r.cycle_started.isoformat() if r.cycle_started is not None else ""
+        cycle = progress.cycle_of(r)
         pod_key = (name, r.stage, r.version, r.attempt, cycle)
         if v is not None and v.verdict != "running":
             if v.verdict == "failed":
@@ -433,7 +459,9 @@ def decide(
         new = msgspec.structs.replace(
             new, checks={k: v for k, v in new.checks.items() if k in wanted}
         )
-    delete = tuple(sorted(p.name for p in mine if p.name not in w.keep and not p.deleting))
+    gone = [p for p in mine if p.name not in w.keep and not p.deleting]
+    delete = tuple(sorted(p.name for p in gone))
+    settled = frozenset(p.name for p in gone if _settled(node, p))
     # A taint this validator added for ``cr`` goes by the same rule even if ``cr`` stopped
     # being runtimeRequired since: nobody else would ever lift it.
     ours = annotations.get(AUTO_TAINTED) == cr.metadata.name
@@ -451,6 +479,7 @@ def decide(
         record=Write(new) if new != record else Keep(),
         create=tuple(w.create),
         delete=delete,
+        settled=settled,
         publish=tuple(w.out.events),
         remove_readiness_taint=(cr.spec.runtime_required or ours)
         and runtime_required_done

@@ -340,6 +340,7 @@ class Validator:
                 config_maps=tuple(config_maps),
                 create=tuple(bodies),
                 delete=nodeshell.pod_refs(self.pods, self.ctx.settings.namespace, decision.delete),
+                settled=decision.settled,
                 events=decision.publish,
                 requeue_after=decision.requeue_after,
             ),

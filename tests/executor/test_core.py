@@ -105,6 +105,33 @@ def test_a_fresh_node_starts_apply_then_config_after_each_check_passes() -> None
     assert progress.package_done(progress.desired(cr)["nvidia-tuned"], final)
 
 
+def test_a_stage_pod_the_record_moved_past_is_deleted_without_a_fence() -> None:
+    """Issue 15: a finished stage pod whose outcome the record the decision read already
+    holds is needed by no later record (a new attempt or cycle gets a new name), so its
+    delete asks for no fence write; a pod the record does not know yet is fenced."""
+    cr = nodewright()
+    d1 = core.decide(cr=cr, node=_facts(), node_pods=[], now=T0)
+    (req,) = d1.create
+    apply_pod = _pod(req, "Succeeded")
+    d2 = core.decide(cr=cr, node=_facts(_rec(d1)), node_pods=[apply_pod], now=T0)
+    assert d2.delete == ()
+    assert _rec(d2).packages["nvidia-tuned"].state == "succeeded"
+    checks = {nodestate.check_key("nvidia-tuned", "0.9.0", "apply"): "passed"}
+    d3 = core.decide(cr=cr, node=_facts(_rec(d2), checks), node_pods=[apply_pod], now=T0)
+    assert (d3.delete, d3.settled) == ((req.name,), frozenset({req.name})), "outcome folded in"
+    cfg = d3.create[0]
+    d4 = core.decide(cr=cr, node=_facts(_rec(d3), checks), node_pods=[apply_pod], now=T0)
+    assert d4.settled == frozenset({req.name}), "config runs: apply is behind the record"
+    # Decided on the record from before the apply pod was started: it may still be wanted.
+    d0 = core.decide(cr=cr, node=_facts(), node_pods=[_pod(cfg, "Succeeded")], now=T0)
+    assert d0.delete == (cfg.name,)
+    assert d0.settled == frozenset()
+    # A running pod the record does not keep is stopped after the fence, always.
+    d5 = core.decide(cr=cr, node=_facts(_rec(d3), checks), node_pods=[_pod(req, "Running")], now=T0)
+    assert d5.delete == (req.name,)
+    assert d5.settled == frozenset()
+
+
 def test_a_failed_pod_fails_the_package_with_exit_code_and_keeps_the_pod() -> None:
     cr = nodewright()
     d1 = core.decide(cr=cr, node=_facts(), node_pods=[], now=T0)

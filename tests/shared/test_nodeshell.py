@@ -292,6 +292,36 @@ async def test_a_delete_is_fenced_like_a_create_so_a_stale_record_deletes_nothin
     assert objects.deleted == ["config"]
 
 
+async def test_a_settled_pod_is_deleted_without_a_fence_write() -> None:
+    """Issue 15: a finished pod the record has moved past (the core says which) costs a
+    DELETE and no precondition-only Node PATCH; the others in the same decision still do."""
+    nodes = _nodes()
+    body, ref = _old_pod("apply")
+    objects = FakeObjects(objects={("Pod", "apply"): body})
+    settled = NodeDecision(
+        owner=nodestate.EXECUTOR,
+        cr=CR,
+        node="n1",
+        fence=True,
+        delete=(ref,),
+        settled=frozenset({"apply"}),
+    )
+    later = T0 + timedelta(hours=1)
+    assert (
+        await nodeshell.apply(
+            settled, nodes=nodes, objects=objects, bus=FakeBus(), now=lambda: later
+        )
+        is None
+    )
+    assert (nodes.patches, objects.deleted) == ([], ["apply"])
+    body2, ref2 = _old_pod("config", uid="u2")
+    objects.objects[("Pod", "config")] = body2
+    objects.objects[("Pod", "apply")] = body
+    both = replace(settled, delete=(ref, ref2))
+    await nodeshell.apply(both, nodes=nodes, objects=objects, bus=FakeBus(), now=lambda: later)
+    assert len(nodes.patches) == 1, "one pod not settled: the decision is fenced"
+
+
 async def test_a_delete_names_the_object_decided_on_not_its_namesake() -> None:
     nodes = _nodes()
     body, _ = _old_pod("check", uid="u2")

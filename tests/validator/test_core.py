@@ -83,6 +83,34 @@ def test_a_succeeded_stage_gets_a_check_pod_and_a_passing_check_is_published() -
     assert d2.delete == (req.name,)
 
 
+def test_a_check_pod_whose_verdict_the_record_holds_is_deleted_without_a_fence() -> None:
+    """Issue 15: the delete of a check pod needs the fence write only while the record the
+    decision read could still want the pod; once that record holds the pod's verdict, no
+    later one can (a rerun gets a new attempt, so a new name)."""
+    cr = nodewright()
+    d1 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[], now=T0)
+    (req,) = d1.create
+    running = written(d1.record, ValidatorRecord)
+    d2 = core.decide(
+        cr=cr, node=_facts(APPLIED, running), check_pods=[_pod(req, "Succeeded")], now=T0
+    )
+    assert d2.delete == (req.name,)
+    assert d2.settled == frozenset(), "decided on a record that did not hold the verdict yet"
+    passed = written(d2.record, ValidatorRecord)
+    later = T0 + timedelta(seconds=30)
+    d3 = core.decide(
+        cr=cr, node=_facts(APPLIED, passed), check_pods=[_pod(req, "Succeeded")], now=later
+    )
+    assert (d3.delete, d3.settled) == ((req.name,), frozenset({req.name}))
+    # A verdict older than the pod is about an earlier run under the same key: fenced.
+    early = msgspec.structs.replace(passed.checks[KEY], at=T0 - timedelta(seconds=1))
+    stale = msgspec.structs.replace(passed, checks={KEY: early})
+    d4 = core.decide(
+        cr=cr, node=_facts(APPLIED, stale), check_pods=[_pod(req, "Succeeded")], now=later
+    )
+    assert d4.settled == frozenset()
+
+
 def test_a_failing_check_records_the_output_tail_and_keeps_the_pod() -> None:
     cr = nodewright()
     d1 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[], now=T0)
