@@ -70,6 +70,8 @@ class Scheduler:
         self.settings = ctx.settings.scheduler
         self._decide = asyncio.Lock()
         self._facts = fleet.FactsCache()
+        self._decoded: dict[str, tuple[str, api.NodeWright | None]] = {}
+        """NodeWright name -> (resourceVersion, the object decoded; None: it does not)."""
         self._finalize_waits: dict[str, int] = {}  # NodeWright -> pending count last logged
         self.publisher = streaming.Publisher(
             ctx.bus, source=f"{NAME}/{ctx.identity}", registry=ctx.registry
@@ -141,6 +143,15 @@ class Scheduler:
             self._facts.forget(str(old["metadata"]["name"]))
         if node_unchanged(old, new):
             return []
+        if old is not None and new is not None and old is not new:
+            # A change no decision reads (a stage or check step, the status service's node
+            # condition, an outbox drain) wakes nothing; the informer's replay (old is new)
+            # and the resync still do.
+            crs = self._decoded_crs()
+            if fleet.wake_signature(crs, old, self._facts) == fleet.wake_signature(
+                crs, new, self._facts
+            ):
+                return []
         # Any node change may free or need a slot of any NodeWright; the queue coalesces.
         gone = [
             cr
@@ -284,12 +295,24 @@ class Scheduler:
         return api.from_dict(written, api.NodeWright)
 
     def _decoded_crs(self) -> list[api.NodeWright]:
+        """Every NodeWright that decodes, each decoded once per resourceVersion."""
         out = []
+        seen = set()
         for raw in self.crs.values():
-            try:
-                out.append(api.from_dict(raw, api.NodeWright))
-            except msgspec.ValidationError:
-                continue
+            meta = raw["metadata"]
+            name, version = str(meta["name"]), str(meta.get("resourceVersion") or "")
+            seen.add(name)
+            hit = self._decoded.get(name)
+            if hit is None or not version or hit[0] != version:
+                try:
+                    decoded: api.NodeWright | None = api.from_dict(raw, api.NodeWright)
+                except msgspec.ValidationError:
+                    decoded = None
+                hit = self._decoded[name] = (version, decoded)
+            if hit[1] is not None:
+                out.append(hit[1])
+        for name in [n for n in self._decoded if n not in seen]:
+            del self._decoded[name]
         return out
 
     def _decoded_policies(self) -> dict[str, api.DeploymentPolicy]:

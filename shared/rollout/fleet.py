@@ -72,6 +72,49 @@ class FactsCache:
             del self._memo[key]
 
 
+def wake_signature(
+    crs: Sequence[api.NodeWright], node: Mapping[str, Any], facts_of: FactsOf = progress.facts
+) -> tuple[object, ...]:
+    """What of one node the decisions of ``crs`` read, compared by ``==`` (not hashable): a
+    node change that leaves it equal changes no NodeWright's plan, so it need not wake the
+    scheduler (the executor's and validator's steps between its admission and its
+    validation, the status service's node condition, outbox drains: ~15 of the ~20 changes
+    a node goes through in a rollout, each a pass over every node; issue 15).
+
+    Per NodeWright: the node's labels, taints, readiness, cordon, creation, the scheduler's
+    and drainer's records, undecodable records and recovery requests, and what the kernel
+    derives from the executor's and validator's records (``progress.turn``, ``failed``,
+    ``node_done``, ``disruptive``); the resourceVersion of a node the NodeWright may admit
+    (a batch book's fence entry holds while the node has not changed); and every
+    NodeWright holding the node (:func:`_holders`, gone ones included). A kernel phase that
+    starts reading more of a node must add it here (``tests/shared/rollout``'s replay checks
+    that equal signatures give equal plans)."""
+    parts: list[object] = [nodestate.crs_with(node, nodestate.SCHEDULER)]
+    for cr in crs:
+        f = facts_of(node, cr.metadata.name)
+        turn = progress.turn(cr, f)
+        parts.append(
+            (
+                f.labels,
+                f.taints,
+                f.ready,
+                f.unschedulable,
+                f.created,
+                f.selection,
+                f.drain,
+                f.malformed,
+                f.marks,
+                f.requests,
+                turn,
+                progress.failed(cr, f),
+                progress.node_done(cr, f),
+                progress.disruptive(cr, f),
+                f.resource_version if f.selection is None and turn == "scheduler" else "",
+            )
+        )
+    return tuple(parts)
+
+
 @dataclass(frozen=True)
 class Fleet:
     """Everything a rollout decision reads."""

@@ -1,0 +1,167 @@
+"""``shared.rollout.fleet.wake_signature``: the node changes the scheduler is not woken for
+change no plan. A node is walked through a whole rollout the way the services write it
+(admission, cordon, drain, each stage and check, the installed version, the validation,
+the release of the cordon, the status service's condition and outbox drains in between)
+next to nodes waiting for the batch; wherever two successive node objects have equal
+signatures, the kernel's decisions on the two fleets must be equal too."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+import pytest
+
+from shared import nodestate, progress
+from shared.records.drainer import DrainRecord
+from shared.records.executor import ExecutorRecord, PackageRecord
+from shared.records.scheduler import Selection
+from shared.records.validator import CheckRecord, ValidatorRecord
+from shared.rollout import fleet
+from shared.rollout.book import BatchBook
+from tests.helpers.facts import T0, node, nodewright
+
+CR = "gpu-node-tuning"
+PKG, VERSION = "nvidia-tuned", "0.9.0"
+
+
+def _steps(cr: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(what changed, the node object after it) for node n0 through one rollout."""
+    target = progress.target_digest(cr)
+    sel = Selection(
+        generation=1,
+        compartment="__default__",
+        batch=1,
+        selected_at=T0,
+        disruptive=True,
+        target=target,
+        order=0,
+    )
+    records: dict[str, msgspec.Struct] = {}
+    unschedulable = False
+    conditions: list[dict[str, Any]] = []
+    extra: dict[str, str] = {}
+    version = 10
+
+    def now() -> dict[str, Any]:
+        nonlocal version
+        version += 1
+        obj = node("n0", records=records, unschedulable=unschedulable, conditions=conditions)
+        obj["metadata"]["resourceVersion"] = str(version)
+        obj["metadata"]["annotations"].update(extra)
+        return obj
+
+    def condition(state: str) -> None:
+        conditions[:] = [
+            {"type": f"nodewright.nvidia.com/{CR}", "status": "False", "reason": state}
+        ]
+
+    condition("Waiting")
+    yield "status: waiting", now()
+    records[nodestate.SCHEDULER] = sel
+    yield "admitted", now()
+    extra[f"outbox.{nodestate.SCHEDULER}/{CR}"] = "[]"
+    yield "outbox drained", now()
+    condition("InProgress")
+    yield "status: in progress", now()
+    records[nodestate.DRAINER] = DrainRecord(phase="cordoned", cordoned=True, started=T0, since=T0)
+    unschedulable = True
+    yield "cordoned", now()
+    records[nodestate.DRAINER] = DrainRecord(phase="drained", cordoned=True, started=T0, since=T0)
+    yield "drained", now()
+    at = T0
+    checks: dict[str, CheckRecord] = {}
+    rec = PackageRecord(
+        version=VERSION,
+        stage="apply",
+        state="running",
+        cycle="install",
+        updated=at,
+        cycle_started=at,
+    )
+    for stage in ("apply", "config"):
+        at += timedelta(seconds=1)
+        rec = msgspec.structs.replace(rec, stage=stage, state="running", updated=at)
+        records[nodestate.EXECUTOR] = ExecutorRecord(packages={PKG: rec})
+        yield f"{stage} running", now()
+        rec = msgspec.structs.replace(rec, state="succeeded", updated=at)
+        records[nodestate.EXECUTOR] = ExecutorRecord(packages={PKG: rec})
+        yield f"{stage} succeeded", now()
+        key = nodestate.check_key(PKG, VERSION, stage)
+        checks = {key: CheckRecord(verdict="running", at=at)}
+        records[nodestate.VALIDATOR] = ValidatorRecord(checks=checks)
+        yield f"{stage} check running", now()
+        checks = {key: CheckRecord(verdict="passed", at=at)}
+        records[nodestate.VALIDATOR] = ValidatorRecord(checks=checks)
+        yield f"{stage} check passed", now()
+        extra[f"outbox.{nodestate.VALIDATOR}/{CR}"] = "[]"
+        yield f"{stage} outbox drained", now()
+    done = progress.desired(cr)[PKG]
+    rec = msgspec.structs.replace(rec, installed=VERSION, config=done.config_digest)
+    records[nodestate.EXECUTOR] = ExecutorRecord(packages={PKG: rec}, boot_id="boot-1")
+    yield "installed", now()
+    records[nodestate.VALIDATOR] = ValidatorRecord(checks=checks, validated=target, at=at)
+    yield "validated", now()
+    del records[nodestate.DRAINER]
+    unschedulable = False
+    yield "uncordoned", now()
+    condition("Complete")
+    yield "status: complete", now()
+    del records[nodestate.SCHEDULER]
+    yield "released", now()
+
+
+def _plan(cr: Any, nodes: list[Mapping[str, Any]], book: BatchBook) -> Any:
+    plan = fleet.decide(fleet.Fleet(crs=[cr], policies={}, nodes=nodes), cr, T0, book=book)
+    return (plan.admit, plan.release, plan.book, plan.behind)
+
+
+@pytest.mark.parametrize("budget", [1, 2])
+def test_a_change_with_an_equal_signature_changes_no_plan(budget: int) -> None:
+    cr = nodewright(interruptionBudget={"count": budget})
+    waiting = [node(f"n{i}") for i in (1, 2, 3)]
+    book = BatchBook()
+    quiet: list[str] = []
+    steps = list(_steps(cr))
+    for (_, before), (what, after) in itertools.pairwise(steps):
+        same = fleet.wake_signature([cr], before, progress.facts) == fleet.wake_signature(
+            [cr], after, progress.facts
+        )
+        if not same:
+            continue
+        quiet.append(what)
+        assert _plan(cr, [before, *waiting], book) == _plan(cr, [after, *waiting], book), what
+    # The test proves something only if the signature lets changes through unwoken: the
+    # steps between the drain and the installed version, and the writes of nobody's state.
+    assert {
+        "outbox drained",
+        "status: in progress",
+        "apply succeeded",
+        "apply check running",
+        "apply check passed",
+        "config running",
+        "config check running",
+        "status: complete",
+    } <= set(quiet), quiet
+
+
+def test_the_changes_that_move_a_rollout_wake_the_scheduler() -> None:
+    cr = nodewright()
+    steps = dict(_steps(cr))
+    order = list(steps)
+    woken = {
+        what
+        for prev, what in itertools.pairwise(order)
+        if fleet.wake_signature([cr], steps[prev], progress.facts)
+        != fleet.wake_signature([cr], steps[what], progress.facts)
+    }
+    assert {"admitted", "cordoned", "drained", "installed", "validated", "uncordoned"} <= woken
+    assert "released" in woken
+    # A waiting node wakes it on any change: a batch book's fence entry holds while the
+    # node it names has not changed.
+    a, b = node("n1"), node("n1")
+    b["metadata"]["resourceVersion"] = "2"
+    assert fleet.wake_signature([cr], a) != fleet.wake_signature([cr], b)
