@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Annotated, Any, ClassVar, Final, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Final, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -1184,6 +1184,40 @@ def decode(data: bytes | str, kind: type[T]) -> T:
 def from_dict(obj: Mapping[str, Any], kind: type[T]) -> T:
     """Convert a decoded JSON object (e.g. from kubernetes_asyncio) into ``kind``."""
     return msgspec.convert(obj, kind)
+
+
+class Decoded(Generic[T]):
+    """:func:`from_dict` of cached objects of one kind, once per object and resourceVersion:
+    a service decodes its NodeWright on every reconcile of every node, and the decode was a
+    tenth of a busy service's CPU (issue 15). An object that does not decode raises
+    ``msgspec.ValidationError`` on every call, as :func:`from_dict` does. Objects without a
+    resourceVersion are decoded each time."""
+
+    def __init__(self, kind: type[T]) -> None:
+        self._kind = kind
+        self._memo: dict[str, tuple[str, T | str]] = {}
+        """name -> (resourceVersion, the object, or why it does not decode)."""
+
+    def __call__(self, obj: Mapping[str, Any]) -> T:
+        meta = obj.get("metadata") or {}
+        name, version = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
+        hit = self._memo.get(name)
+        if hit is None or not version or hit[0] != version:
+            try:
+                value: T | str = from_dict(obj, self._kind)
+            except msgspec.ValidationError as exc:
+                value = str(exc)
+            hit = (version, value)
+            if version:
+                if len(self._memo) > _DECODED_MAX:
+                    self._memo.clear()  # objects come and go; a full decode is cheap once
+                self._memo[name] = hit
+        if isinstance(hit[1], str):
+            raise msgspec.ValidationError(hit[1])
+        return hit[1]
+
+
+_DECODED_MAX: Final = 4096
 
 
 def encode(obj: msgspec.Struct) -> bytes:

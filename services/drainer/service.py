@@ -62,6 +62,7 @@ class Drainer:
 
     def __init__(self, ctx: runtime.ServiceContext, settings: Settings) -> None:
         self.ctx = ctx
+        self._decode_cr = api.Decoded(api.NodeWright)
         self.settings: DrainerSettings = settings.drainer
         self.publisher = streaming.Publisher(
             ctx.bus, source=f"{NAME}/{ctx.identity}", registry=ctx.registry
@@ -190,7 +191,7 @@ class Drainer:
         raw_cr = self.crs.get(cr_name)
         if raw_cr is not None:
             try:
-                cr = api.from_dict(raw_cr, api.NodeWright)
+                cr = self._decode_cr(raw_cr)
             except msgspec.ValidationError as exc:
                 _log.error(
                     "Skipped invalid NodeWright", extra={"nodewright": cr_name, "error": str(exc)}

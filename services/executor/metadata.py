@@ -41,14 +41,39 @@ def nodewright_owned(key: str) -> bool:
     return bool(slash) and (prefix == DOMAIN or prefix.endswith(f".{DOMAIN}"))
 
 
-def document(cr: api.NodeWright, node: Mapping[str, Any]) -> dict[str, Any]:
-    """The content of ``node.json`` for ``cr``'s packages on ``node`` (a Node object)."""
-    meta = node.get("metadata") or {}
-    annotations = {
+def _foreign(meta: Mapping[str, Any]) -> dict[str, str]:
+    """The node's annotations the document holds (none of NodeWright's own)."""
+    return {
         k: str(v)
         for k, v in sorted((meta.get("annotations") or {}).items())
         if not nodewright_owned(k) and k not in LEFT_OUT_ANNOTATIONS
     }
+
+
+def fingerprint(cr: api.NodeWright, node: Mapping[str, Any]) -> int:
+    """A hash of everything :func:`config_map` reads: equal while the ConfigMap it gives is
+    the same (a different one with the same hash is a 2**-64 chance), so the shell need not
+    build and compare the document on every pass over the node (issue 15)."""
+    meta = node.get("metadata") or {}
+    packages = frozenset(
+        (name, pkg.version, progress.image_ref(pkg)) for name, pkg in cr.spec.packages.items()
+    )
+    return hash(
+        (
+            cr.metadata.name,
+            packages,
+            str(meta.get("name", "")),
+            str(meta.get("uid", "")),
+            frozenset((meta.get("labels") or {}).items()),
+            frozenset(_foreign(meta).items()),
+        )
+    )
+
+
+def document(cr: api.NodeWright, node: Mapping[str, Any]) -> dict[str, Any]:
+    """The content of ``node.json`` for ``cr``'s packages on ``node`` (a Node object)."""
+    meta = node.get("metadata") or {}
+    annotations = _foreign(meta)
     return {
         "name": str(meta.get("name", "")),
         "labels": {k: str(v) for k, v in sorted((meta.get("labels") or {}).items())},

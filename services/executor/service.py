@@ -60,6 +60,10 @@ reboot with ``reapplyOnReboot`` starts there; a NodeWright that is gone leaves i
 class Executor:
     def __init__(self, ctx: runtime.ServiceContext, settings: Settings) -> None:
         self.ctx = ctx
+        self._decode_cr = api.Decoded(api.NodeWright)
+        self._metadata_checked: dict[NodeKey, tuple[int, str]] = {}
+        """(NodeWright, node) -> (metadata.fingerprint, the ConfigMap's resourceVersion) when
+        the ConfigMap was last found or made to say what it should."""
         self.settings = settings.pods
         self.pod_settings = manifests.PodSettings.of(
             namespace=ctx.settings.namespace, config=self.settings
@@ -184,7 +188,7 @@ class Executor:
             gone = core.forget(progress.facts(raw_node, cr_name), cr_name)
             return await self._apply(cr_name, raw_node, gone, [], [])
         try:
-            cr = api.from_dict(raw_cr, api.NodeWright)
+            cr = self._decode_cr(raw_cr)
         except msgspec.ValidationError as exc:
             _log.error(
                 "Skipped invalid NodeWright", extra={"nodewright": cr_name, "error": str(exc)}
@@ -316,23 +320,31 @@ class Executor:
         does not exist; rewrite it when it exists and says something else than it should.
         False when the write met a concurrent change: the caller retries on fresh data."""
         ns = self.ctx.settings.namespace
-        desired = metadata.config_map(cr=cr, node=node, namespace=ns)
-        name = desired["metadata"]["name"]
-        path = path_of(plural="configmaps", namespace=ns)
+        key = (cr.metadata.name, _name_of(node))
+        name = manifests.node_metadata_name(*key)
         current = self.config_maps.get(f"{ns}/{name}")
-        where = {"configmap": name, "nodewright": cr.metadata.name, "node": _name_of(node)}
+        if current is None and not needed:
+            return True
+        # Checked already for what the node and the NodeWright say now, and nobody changed
+        # the ConfigMap since: building and comparing the document again would be all.
+        seen = (metadata.fingerprint(cr, node), _version_of(current))
+        if current is not None and self._metadata_checked.get(key) == seen:
+            return True
+        desired = metadata.config_map(cr=cr, node=node, namespace=ns)
+        path = path_of(plural="configmaps", namespace=ns)
+        where = {"configmap": name, "nodewright": cr.metadata.name, "node": key[1]}
         try:
             if current is None:
-                if not needed:
-                    return True
                 created = await self.ctx.kube.create_if_absent(path, desired)
                 if created is not None:
                     self._observe_metadata(created)
+                    self._metadata_checked[key] = (seen[0], _version_of(created))
                     _log.info("Created ConfigMap", extra=where)
                     return True
                 current = await self.ctx.kube.get(f"{path}/{name}")  # the cache is behind
             body = metadata.replacement(desired, current)
             if body is None:
+                self._metadata_checked[key] = (seen[0], _version_of(current))
                 return True
             updated = await self.ctx.kube.replace(f"{path}/{name}", body)
         except ApiError as exc:
@@ -340,11 +352,13 @@ class Executor:
                 return False  # changed or deleted meanwhile (the garbage collector, a person)
             raise
         self._observe_metadata(updated)
+        self._metadata_checked[key] = (seen[0], _version_of(updated))
         _log.info("Updated ConfigMap", extra=where)
         return True
 
     async def _drop_metadata(self, key: NodeKey) -> None:
         """Delete the metadata ConfigMap of a CR that is gone (the Node still owns it)."""
+        self._metadata_checked.pop(key, None)
         ns = self.ctx.settings.namespace
         name = manifests.node_metadata_name(*key)
         if self.config_maps.get(f"{ns}/{name}") is None:
@@ -361,6 +375,10 @@ class Executor:
 
 def _name_of(node: JSON) -> str:
     return str(node["metadata"]["name"])
+
+
+def _version_of(obj: JSON | None) -> str:
+    return str((obj or {}).get("metadata", {}).get("resourceVersion") or "")
 
 
 class MetadataIndex:

@@ -70,8 +70,7 @@ class Scheduler:
         self.settings = ctx.settings.scheduler
         self._decide = asyncio.Lock()
         self._facts = fleet.FactsCache()
-        self._decoded: dict[str, tuple[str, api.NodeWright | None]] = {}
-        """NodeWright name -> (resourceVersion, the object decoded; None: it does not)."""
+        self._decode = api.Decoded(api.NodeWright)
         self._finalize_waits: dict[str, int] = {}  # NodeWright -> pending count last logged
         self.publisher = streaming.Publisher(
             ctx.bus, source=f"{NAME}/{ctx.identity}", registry=ctx.registry
@@ -170,7 +169,7 @@ class Scheduler:
             self._finalize_waits.pop(name, None)
             return await self._tidy_outboxes(name)
         try:
-            cr = api.from_dict(raw, api.NodeWright)
+            cr = self._decode(raw)
         except msgspec.ValidationError as exc:
             _log.error("Skipped invalid NodeWright", extra={"nodewright": name, "error": str(exc)})
             return None
@@ -297,22 +296,11 @@ class Scheduler:
     def _decoded_crs(self) -> list[api.NodeWright]:
         """Every NodeWright that decodes, each decoded once per resourceVersion."""
         out = []
-        seen = set()
         for raw in self.crs.values():
-            meta = raw["metadata"]
-            name, version = str(meta["name"]), str(meta.get("resourceVersion") or "")
-            seen.add(name)
-            hit = self._decoded.get(name)
-            if hit is None or not version or hit[0] != version:
-                try:
-                    decoded: api.NodeWright | None = api.from_dict(raw, api.NodeWright)
-                except msgspec.ValidationError:
-                    decoded = None
-                hit = self._decoded[name] = (version, decoded)
-            if hit[1] is not None:
-                out.append(hit[1])
-        for name in [n for n in self._decoded if n not in seen]:
-            del self._decoded[name]
+            try:
+                out.append(self._decode(raw))
+            except msgspec.ValidationError:
+                continue
         return out
 
     def _decoded_policies(self) -> dict[str, api.DeploymentPolicy]:

@@ -120,6 +120,7 @@ class NodeWrightGauges:
 class Status:
     def __init__(self, ctx: runtime.ServiceContext, settings: Settings) -> None:
         self.ctx = ctx
+        self._decode_cr = api.Decoded(api.NodeWright)
         self.settings = settings.status
         self.controller: Controller[str] = Controller(
             ctx=ctx,
@@ -274,7 +275,7 @@ class Status:
             self._passed_at.pop(name, None)
             return None if await self._clean_up(name) else 0.5
         try:
-            cr = api.from_dict(raw, api.NodeWright)
+            cr = self._decode_cr(raw)
         except msgspec.ValidationError as exc:
             self.gauges.latest.pop(name, None)
             _log.error("Skipped invalid NodeWright", extra={"nodewright": name, "error": str(exc)})
@@ -296,7 +297,7 @@ class Status:
         crs: list[api.NodeWright] = []
         for other in self.crs.values():
             with contextlib.suppress(msgspec.ValidationError):
-                crs.append(api.from_dict(other, api.NodeWright))
+                crs.append(self._decode_cr(other))
         policies = {} if policy is None else {policy.metadata.name: policy}
         # The scheduler's own decision, taken on this replica's caches: the reasons shown
         # are the ones it acts on (the cluster budget as the scheduler recorded it).

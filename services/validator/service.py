@@ -60,6 +60,7 @@ _KEYED_BY = (
 class Validator:
     def __init__(self, ctx: runtime.ServiceContext, settings: Settings) -> None:
         self.ctx = ctx
+        self._decode_cr = api.Decoded(api.NodeWright)
         self.settings = settings
         self.pod_settings = podspec.PodSettings.of(
             namespace=ctx.settings.namespace, config=settings.pods
@@ -75,7 +76,6 @@ class Validator:
             workers=settings.workers,
         )
         self.pod_index = PodIndex()
-        self._auto_taint_memo: dict[str, tuple[str, api.NodeWright]] = {}
         c = self.controller
         self.crs: Informer = c.watch(NODEWRIGHTS, to_keys=self._cr_keys, name="nodewrights")
         self.nodes: Informer = c.watch(
@@ -129,22 +129,16 @@ class Validator:
     def _auto_taint_crs(self) -> list[api.NodeWright]:
         """The NodeWrights that ask for new nodes to be tainted, each decoded once per
         resourceVersion (node events are frequent; such NodeWrights few)."""
-        memo: dict[str, tuple[str, api.NodeWright]] = {}
+        out = []
         for raw in self.crs.values():
             spec = raw.get("spec") or {}
             if not (spec.get("autoTaintNewNodes") and spec.get("runtimeRequired")):
                 continue
-            meta = raw["metadata"]
-            name, version = str(meta["name"]), str(meta.get("resourceVersion") or "")
-            known = self._auto_taint_memo.get(name)
-            if known is None or known[0] != version:
-                try:
-                    known = (version, api.from_dict(raw, api.NodeWright))
-                except msgspec.ValidationError:
-                    continue  # logged when its keys are reconciled
-            memo[name] = known
-        self._auto_taint_memo = memo
-        return [cr for _, cr in memo.values()]
+            try:
+                out.append(self._decode_cr(raw))
+            except msgspec.ValidationError:
+                continue  # logged when its keys are reconciled
+        return out
 
     @staticmethod
     def _readiness_keys(node: JSON, auto_taint: Iterable[api.NodeWright]) -> list[NodeKey]:
@@ -198,7 +192,7 @@ class Validator:
         labels = (node.get("metadata") or {}).get("labels") or {}
         for raw in self.crs.values():
             try:
-                cr = api.from_dict(raw, api.NodeWright)
+                cr = self._decode_cr(raw)
             except msgspec.ValidationError:
                 continue
             if not cr.spec.runtime_required or cr.disabled:
@@ -227,7 +221,7 @@ class Validator:
         if raw_cr is None:
             return await self._gone(cr_name, raw_node)
         try:
-            cr = api.from_dict(raw_cr, api.NodeWright)
+            cr = self._decode_cr(raw_cr)
         except msgspec.ValidationError as exc:
             _log.error(
                 "Skipped invalid NodeWright", extra={"nodewright": cr_name, "error": str(exc)}

@@ -238,6 +238,29 @@ def test_it_is_rewritten_only_when_its_content_differs(now: Any, rewritten: bool
     assert body["data"] == desired["data"]
 
 
+@pytest.mark.parametrize(
+    "now",
+    [
+        pytest.param(_with_records_changed, id="nodewright-records-and-status"),
+        pytest.param(_relabelled, id="label-changed"),
+        pytest.param(_annotated, id="foreign-annotation-changed"),
+        pytest.param(_recreated, id="node-recreated-new-uid"),
+    ],
+)
+def test_the_fingerprint_changes_exactly_when_the_config_map_would(now: Any) -> None:
+    """The shell skips building the document while the fingerprint and the ConfigMap's
+    resourceVersion are unchanged: it must change whenever the ConfigMap would."""
+    cr = nodewright()
+    before, after = _node(), now()
+    differs = metadata.config_map(cr=cr, node=before, namespace="nw") != metadata.config_map(
+        cr=cr, node=after, namespace="nw"
+    )
+    assert (metadata.fingerprint(cr, before) != metadata.fingerprint(cr, after)) == differs
+    assert metadata.fingerprint(cr, before) == metadata.fingerprint(cr, _node())
+    bumped = nodewright(packages={"nvidia-tuned": {"version": "1.0.0", "image": "ghcr.io/x"}})
+    assert metadata.fingerprint(bumped, before) != metadata.fingerprint(cr, before)
+
+
 def test_a_package_change_in_the_cr_rewrites_it() -> None:
     current = _stored(_cm())
     bumped = _cm(packages={"nvidia-tuned": {"version": "1.0.0", "image": "ghcr.io/x"}})
