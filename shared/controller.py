@@ -31,6 +31,7 @@ from shared.informer import (
     wait_synced,
 )
 from shared.kube import JSON, ApiError, Kube, path_of
+from shared.rollout.book import BATCHES_ANNOTATION
 from shared.runtime import ServiceContext
 from shared.workqueue import WorkQueue
 
@@ -189,12 +190,21 @@ def status_only(old: JSON | None, new: JSON | None) -> bool:
     """A NodeWright change that no per-node decision reads: its status (written by the
     status service on every change of a rollout) or its finalizers. What the drainer, the
     executor and the validator decide from is its spec (the generation), its annotations
-    (pause, the batch book) and whether it is being deleted; waking every node of the
+    (pause, disable) and whether it is being deleted; waking every node of the
     NodeWright for the rest cost each of them a pass over all its nodes (issue 15)."""
     if old is None or new is None:
         return False
     a, b = old.get("metadata") or {}, new.get("metadata") or {}
-    return all(a.get(k) == b.get(k) for k in ("generation", "annotations", "deletionTimestamp"))
+    if any(a.get(k) != b.get(k) for k in ("generation", "deletionTimestamp")):
+        return False
+    return _read_annotations(a) == _read_annotations(b)
+
+
+def _read_annotations(meta: JSON) -> dict[str, Any]:
+    """A NodeWright's annotations but the scheduler's batch book, which only the scheduler
+    and the status service read: written on every batch and admission, it woke each node
+    of the NodeWright in the three per-node services (issue 15)."""
+    return {k: v for k, v in (meta.get("annotations") or {}).items() if k != BATCHES_ANNOTATION}
 
 
 def node_unchanged(old: JSON | None, new: JSON | None) -> bool:

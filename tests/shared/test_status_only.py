@@ -37,6 +37,12 @@ def test_a_status_write_wakes_no_node_but_spec_annotations_and_deletion_do() -> 
     book = copy.deepcopy(old)
     book["metadata"]["annotations"]["nodewright.nvidia.com/batches"] = '{"b":1}'
     assert not status_only(old, book)
+    scheduler = copy.deepcopy(old)
+    scheduler["metadata"]["annotations"]["scheduler.nodewright.nvidia.com/batches"] = "{}"
+    assert status_only(old, scheduler), "the scheduler's batch book is its own"
+    rebooked = copy.deepcopy(scheduler)
+    rebooked["metadata"]["annotations"]["scheduler.nodewright.nvidia.com/batches"] = '{"a":2}'
+    assert status_only(scheduler, rebooked), "the scheduler's batch book is its own"
     paused = copy.deepcopy(old)
     paused["metadata"]["annotations"]["nodewright.nvidia.com/pause"] = "true"
     assert not status_only(old, paused)
