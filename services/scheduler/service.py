@@ -71,6 +71,8 @@ class Scheduler:
         self._decide = asyncio.Lock()
         self._facts = fleet.FactsCache()
         self._decode = api.Decoded(api.NodeWright)
+        self._unflushed: set[tuple[str, str]] = set()
+        """(NodeWright, node) whose scheduler outbox may hold events the stream does not."""
         self._finalize_waits: dict[str, int] = {}  # NodeWright -> pending count last logged
         self.publisher = streaming.Publisher(
             ctx.bus, source=f"{NAME}/{ctx.identity}", registry=ctx.registry
@@ -142,6 +144,15 @@ class Scheduler:
             self._facts.forget(str(old["metadata"]["name"]))
         if node_unchanged(old, new):
             return []
+        if new is not None:
+            # Outboxes whose events the stream may not hold (a scheduler died between its
+            # write and its publish): the next pass of their NodeWright publishes them,
+            # without looking through every node on every pass.
+            name = str(new["metadata"]["name"])
+            for cr in nodeshell.outboxes_to_look_at(
+                new, nodestate.SCHEDULER, self.bus_port, lambda c: self.crs.get(c) is None
+            ):
+                self._unflushed.add((cr, name))
         if old is not None and new is not None and old is not new:
             # A change no decision reads (a stage or check step, the status service's node
             # condition, an outbox drain) wakes nothing; the informer's replay (old is new)
@@ -184,13 +195,14 @@ class Scheduler:
     async def _flush_outboxes(self, cr: str) -> None:
         """Publish the admissions' and releases' events a scheduler (this one, or one that
         died between the write and the publish) left in the nodes' outboxes."""
-        key = outbox.key(nodestate.SCHEDULER, cr)
-        for node in self.nodes.values():
-            if key in nodestate.annotations_of(node) and any(
+        for key in sorted(k for k in self._unflushed if k[0] == cr):
+            self._unflushed.discard(key)
+            node = self.nodes.get(key[1])
+            if node is not None and any(
                 not self.bus_port.delivered(e)
                 for e in outbox.pending(node, nodestate.SCHEDULER, cr)
             ):
-                await self._flush(cr, str(node["metadata"]["name"]))
+                await self._flush(cr, key[1])
 
     async def _tidy_outboxes(self, cr: str) -> float | None:
         """The NodeWright is gone: its releases wrote the scheduler's last records of it, so
@@ -235,7 +247,8 @@ class Scheduler:
         admission that lost its write is not counted: a lost release keeps its slot in the
         second decision, and an admission is only written after the book that fences it."""
         name = cr.metadata.name
-        facts = [self._facts(n, name) for n in self.nodes.values()]
+        # Only a deletion's finalizer reads the nodes (a pass over all of them otherwise).
+        facts = [self._facts(n, name) for n in self.nodes.values()] if progress.deleting(cr) else []
         finalizer = core.finalizer(cr, facts)
         if finalizer.action == "add":
             written = await self._set_finalizers(cr, [*cr.metadata.finalizers, core.FINALIZER])
