@@ -13,10 +13,11 @@ priority), which are the rollout kernel's (``shared.rollout``).
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -192,6 +193,10 @@ class NodeFacts:
     """The node's resourceVersion these facts were read from."""
     requests: Requests = field(default_factory=Requests)
     """The recovery requests for this CR on the node (``nodestate.read_requests``)."""
+    derived: dict[tuple[str, int], tuple[object, Any]] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+    """What :func:`_per_facts` functions computed on these facts, per NodeWright object."""
 
     @property
     def ignored(self) -> bool:
@@ -321,10 +326,40 @@ def package_done(d: Desired, rec: PackageRecord | None) -> bool:
     )
 
 
+V = TypeVar("V")
+
+
+def _per_facts(
+    fn: Callable[[api.NodeWright, NodeFacts], V],
+) -> Callable[[api.NodeWright, NodeFacts], V]:
+    """``fn`` computed once per facts object and NodeWright object: both are immutable, and
+    the services' caches hand out the same ones until the node or the NodeWright changes
+    (``shared.rollout.fleet.FactsCache``, ``shared.api.Decoded``), so the rollout kernel,
+    which asks each of these several times per node and pass, computes each once per change
+    (a third of the scheduler's CPU, issue 15). The memo keeps the NodeWright object it is
+    keyed by alive, so its id is not reused while the entry lives."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def memoised(cr: api.NodeWright, node: NodeFacts) -> V:
+        key = (name, id(cr))
+        hit = node.derived.get(key)
+        if hit is not None and hit[0] is cr:
+            value: V = hit[1]
+            return value
+        value = fn(cr, node)
+        node.derived[key] = (cr, value)
+        return value
+
+    return memoised
+
+
+@_per_facts
 def packages_done(cr: api.NodeWright, node: NodeFacts) -> bool:
     return all(package_done(d, node.executor.packages.get(n)) for n, d in desired(cr).items())
 
 
+@_per_facts
 def node_done(cr: api.NodeWright, node: NodeFacts) -> bool:
     """Every package is done and the validator validated the node for the current target.
 
@@ -406,6 +441,7 @@ def validation_blank(node: NodeFacts) -> bool:
     return not v.checks and not v.validated and v.at is None and v.reason is None
 
 
+@_per_facts
 def failed(cr: api.NodeWright, node: NodeFacts) -> bool:
     """A drain, a stage, the interrupt or a check failed for what the CR wants now.
 
@@ -449,6 +485,7 @@ def stale_failure(d: Desired, rec: PackageRecord) -> bool:
     return bool(rec.spec) and rec.spec != d.spec_digest
 
 
+@_per_facts
 def turn(cr: api.NodeWright, node: NodeFacts) -> Turn:
     """Whose move it is on this node for this CR.
 

@@ -165,3 +165,17 @@ def test_the_changes_that_move_a_rollout_wake_the_scheduler() -> None:
     a, b = node("n1"), node("n1")
     b["metadata"]["resourceVersion"] = "2"
     assert fleet.wake_signature([cr], a) != fleet.wake_signature([cr], b)
+
+
+def test_what_the_kernel_derives_from_a_node_is_computed_once_per_node_and_nodewright() -> None:
+    """``progress.turn`` and its kin are memoised on the (immutable) facts per NodeWright
+    object: the same answer, computed once; another NodeWright object computes its own."""
+    cr = nodewright()
+    facts = progress.facts(node("n1"), CR)
+    assert progress.turn(cr, facts) == "scheduler"
+    assert progress.turn(cr, facts) == "scheduler"
+    assert ("turn", id(cr)) in facts.derived
+    deleting = nodewright(interruptionBudget={"count": 2})
+    assert progress.node_done(deleting, facts) == progress.node_done(cr, facts)
+    assert {k[1] for k in facts.derived if k[0] == "node_done"} == {id(cr), id(deleting)}
+    assert progress.facts(node("n1"), CR).derived == {}, "fresh facts, nothing computed yet"
