@@ -29,6 +29,7 @@ def test_an_object_is_decoded_once_per_resource_version() -> None:
     assert decode(copy.deepcopy(_cr("1"))) is first
     changed = decode(_cr("2", budget=3))
     assert changed is not first
+    assert changed.spec.interruption_budget is not None
     assert changed.spec.interruption_budget.count == 3
     unversioned = _cr("")
     assert decode(unversioned) is not decode(unversioned), "nothing to key it by: decoded"

@@ -11,7 +11,7 @@ from shared import events, nodestate, progress, recovery
 from shared.records.executor import ExecutorRecord, PackageRecord
 from shared.records.scheduler import Selection
 from shared.records.validator import CheckRecord, ValidatorRecord
-from tests.helpers.facts import T0, node, nodewright, written
+from tests.helpers.facts import T0, node, nodewright, selection, written
 
 CR = "gpu-node-tuning"
 
@@ -71,14 +71,7 @@ def test_no_reset_without_the_option_an_unchanged_boot_or_a_node_not_done() -> N
     assert recovery.rebooted(cr, _facts(cr, boot_id="b2", recorded="")) == ""
     ignored = _facts(cr, boot_id="b2", recorded="b1", labels={nodestate.IGNORE_LABEL: "true"})
     assert recovery.rebooted(cr, ignored) == ""
-    sel = Selection(
-        generation=1,
-        compartment="__default__",
-        batch=1,
-        selected_at=T0,
-        disruptive=True,
-        target="x",
-    )
+    sel = selection("x")
     busy = _facts(cr, boot_id="b2", recorded="b1", records={nodestate.SCHEDULER: sel})
     assert recovery.rebooted(cr, busy) == "", "mid-rollout: not done yet"
     other = _facts(cr, boot_id="b2", recorded="b1", labels={"nodepool": "cpu"})

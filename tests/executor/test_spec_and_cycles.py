@@ -12,19 +12,11 @@ from shared.pods import PodView
 from shared.podspec import PodRequest
 from shared.records.drainer import DrainRecord
 from shared.records.executor import ExecutorRecord, PackageRecord
-from shared.records.scheduler import Selection
 from shared.records.validator import CheckRecord, ValidatorRecord
-from tests.helpers.facts import T0, node, nodewright, written
+from tests.helpers.facts import T0, node, nodewright, selection, written
 
 CR = "gpu-node-tuning"
-SEL = Selection(
-    generation=1,
-    compartment="__default__",
-    batch=1,
-    selected_at=T0,
-    disruptive=True,
-    target="t",
-)
+SEL = selection("t")
 DRAINED = DrainRecord(phase="drained", cordoned=True, started=T0, since=T0)
 
 

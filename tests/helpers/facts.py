@@ -10,6 +10,7 @@ import msgspec
 
 from shared import api, decisions, nodestate
 from shared.events import Reason
+from shared.records.scheduler import Selection
 from shared.records.status import condition_type
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -41,6 +42,20 @@ def nodewright(
         "spec": {"nodeSelectors": {"matchLabels": {"nodepool": "gpu"}}, "packages": pkgs, **spec},
     }
     return api.from_dict(body, api.NodeWright)
+
+
+def selection(target: str = "t", **kw: Any) -> Selection:
+    """An admission into batch 1 of the default compartment (``kw`` overrides)."""
+    fields: dict[str, Any] = {
+        "generation": 1,
+        "compartment": "__default__",
+        "batch": 1,
+        "selected_at": T0,
+        "disruptive": True,
+        "target": target,
+        **kw,
+    }
+    return Selection(**fields)
 
 
 def node(

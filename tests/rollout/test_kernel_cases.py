@@ -14,7 +14,7 @@ from shared.records.scheduler import Selection
 from shared.records.validator import ValidatorRecord
 from shared.rollout import fleet, kernel, rules
 from shared.rollout.book import BATCHES_ANNOTATION, BatchBook, encode_batch_book
-from tests.helpers.facts import T0, node, nodewright
+from tests.helpers.facts import T0, node, nodewright, selection
 
 
 def _plan(cr: api.NodeWright, nodes: list[progress.NodeFacts], **ctx: Any) -> kernel.Plan:
@@ -28,14 +28,7 @@ def _facts(*nodes: dict[str, object]) -> list[progress.NodeFacts]:
 
 
 def _selection(target: str = "x") -> Selection:
-    return Selection(
-        generation=1,
-        compartment="__default__",
-        batch=1,
-        selected_at=T0,
-        disruptive=True,
-        target=target,
-    )
+    return selection(target)
 
 
 @pytest.mark.parametrize(

@@ -18,11 +18,10 @@ import pytest
 from shared import nodestate, progress
 from shared.records.drainer import DrainRecord
 from shared.records.executor import ExecutorRecord, PackageRecord
-from shared.records.scheduler import Selection
 from shared.records.validator import CheckRecord, ValidatorRecord
 from shared.rollout import fleet
 from shared.rollout.book import BatchBook
-from tests.helpers.facts import T0, node, nodewright
+from tests.helpers.facts import T0, node, nodewright, selection
 
 CR = "gpu-node-tuning"
 PKG, VERSION = "nvidia-tuned", "0.9.0"
@@ -31,15 +30,7 @@ PKG, VERSION = "nvidia-tuned", "0.9.0"
 def _steps(cr: Any) -> Iterator[tuple[str, dict[str, Any]]]:
     """(what changed, the node object after it) for node n0 through one rollout."""
     target = progress.target_digest(cr)
-    sel = Selection(
-        generation=1,
-        compartment="__default__",
-        batch=1,
-        selected_at=T0,
-        disruptive=True,
-        target=target,
-        order=0,
-    )
+    sel = selection(target, order=0)
     records: dict[str, msgspec.Struct] = {}
     unschedulable = False
     conditions: list[dict[str, Any]] = []
