@@ -211,6 +211,7 @@ class Scheduler:
         no later write of the scheduler drops the outbox they left; remove it (after
         publishing what the stream may not hold)."""
         key = outbox.key(nodestate.SCHEDULER, cr)
+        self._unflushed = {k for k in self._unflushed if k[0] != cr}  # tidied below
         again: float | None = None
         for node in [str(n["metadata"]["name"]) for n in self.nodes.values()]:
             cached = self.nodes.get(node)
