@@ -697,6 +697,36 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+_CLOSE_TIMEOUT_S: Final = 5.0
+"""How long a stopping webhook waits for its TLS connections to finish closing. The peer
+answers close_notify at once; the bound only matters if it never does."""
+
+
+async def _connections_closed(server: asyncio.AbstractServer) -> None:
+    """Wait until every connection ``server`` accepted has closed its socket.
+
+    aiohttp's cleanup starts the TLS shutdown of each connection (close_notify) and returns
+    before the socket closes; on Python 3.11 ``Server.wait_closed`` returns at once once the
+    listener is closed, without waiting for them (3.12 waits). A socket still open when the
+    event loop ends is never closed: it leaks until the garbage collector finds it.
+    """
+
+    # The count of attached transports is the only view 3.11 gives of accepted connections.
+    def still_open() -> int:
+        count: int = getattr(server, "_active_count", 0)
+        return count
+
+    step_s = 0.01
+    for _ in range(int(_CLOSE_TIMEOUT_S / step_s)):
+        if not still_open():
+            return
+        await asyncio.sleep(step_s)
+    _log.warning(
+        "Webhook connections still open after stopping",
+        extra={"connections": still_open(), "waited_s": _CLOSE_TIMEOUT_S},
+    )
+
+
 @contextlib.asynccontextmanager
 async def serve_webhook(
     kube: Kube, settings: WebhookSettings, *, clock: Callable[[], datetime] = _utcnow
@@ -716,6 +746,7 @@ async def serve_webhook(
         hook.load(bundle)
         await runner.setup()
         maintainer: asyncio.Task[None] | None = None
+        server: asyncio.AbstractServer | None = None
         try:
             # reuse_port: replicas sharing a host (the rig, hostNetwork pods) bind one port and
             # the kernel spreads connections over them, so every replica registers the same
@@ -729,7 +760,8 @@ async def serve_webhook(
                 reuse_port=True,
             )
             await site.start()
-            sockets = getattr(site._server, "sockets", None) or []
+            server = site._server
+            sockets = getattr(server, "sockets", None) or []
             if sockets:
                 hook.port = int(sockets[0].getsockname()[1])
             desired = configuration(settings, ca_bundle=bundle.ca_cert, port=hook.port)
@@ -750,3 +782,5 @@ async def serve_webhook(
                 with contextlib.suppress(asyncio.CancelledError):
                     await maintainer
             await runner.cleanup()
+            if server is not None:
+                await _connections_closed(server)

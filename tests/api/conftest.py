@@ -60,7 +60,7 @@ async def objects(crd_kube: Kube) -> AsyncIterator[Objects]:
         await made.cleanup()
 
 
-async def _webhook_answers(kube: Kube) -> bool:
+async def webhook_answers(kube: Kube) -> bool:
     """A dry-run create only the webhook refuses (a package key CEL does not check)."""
     probe = {
         "apiVersion": api.API_VERSION,
@@ -93,7 +93,7 @@ async def running_webhook(crd_kube: Kube) -> AsyncIterator[webhook.Webhook]:
     async with webhook.serve_webhook(crd_kube, settings) as hook:
         try:
             await eventually(
-                lambda: _webhook_answers(crd_kube), timeout_s=30, what="the webhook being called"
+                lambda: webhook_answers(crd_kube), timeout_s=30, what="the webhook being called"
             )
             yield hook
         finally:
@@ -102,6 +102,6 @@ async def running_webhook(crd_kube: Kube) -> AsyncIterator[webhook.Webhook]:
             # The API server drops the configuration from its cache shortly after; wait so
             # the next test does not race it.
             async def gone() -> bool:
-                return not await _webhook_answers(crd_kube)
+                return not await webhook_answers(crd_kube)
 
             await eventually(gone, timeout_s=30, what="the webhook configuration to go")

@@ -7,7 +7,9 @@ come from the webhook ("denied the request") and name the field.
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,7 +21,7 @@ from services.validator import webhook
 from shared import api
 from shared.kube import ApiError, Kube, path_of
 from tests.api import crds
-from tests.api.conftest import VWCS, Objects, unique
+from tests.api.conftest import VWCS, Objects, unique, webhook_answers
 from tests.api.test_rig_invalid import at, nodewright, policy
 from tests.helpers.waiting import eventually
 
@@ -376,5 +378,42 @@ async def test_a_blanked_ca_bundle_is_restored(crd_kube: Kube, namespace: str) -
                 return await _ca_bundle(crd_kube, name) == {hook.bundle.ca_cert}
 
             await eventually(restored, timeout_s=20, what="the caBundle to be restored")
+    finally:
+        await crd_kube.delete(f"{VWCS}/{settings.configuration_name}")
+
+
+def _open_sockets_on(port: int) -> int:
+    """This process's TCP sockets whose local port is ``port`` (from /proc, not from asyncio:
+    a socket asyncio lost track of is exactly what this must see)."""
+    ours = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("socket:["):
+                ours.add(target[len("socket:[") : -1])
+    count = 0
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table, encoding="ascii") as lines:
+            next(lines)
+            for line in lines:
+                fields = line.split()
+                local_port = int(fields[1].rsplit(":", 1)[1], 16)
+                if local_port == port and fields[9] in ours:
+                    count += 1
+    return count
+
+
+async def test_a_stopped_webhook_leaves_no_connection_open(crd_kube: Kube) -> None:
+    """The API server keeps TLS connections to the webhook alive; stopping the webhook closes
+    every one of them (close_notify included) before it returns, so nothing is left for the
+    garbage collector when the event loop ends."""
+    settings = _settings("default", resync_interval_s=3600)
+    try:
+        async with webhook.serve_webhook(crd_kube, settings) as hook:
+            # Several reviews, so the API server holds connections to us when we stop.
+            for _ in range(3):
+                await eventually(lambda: webhook_answers(crd_kube), timeout_s=30, what="a review")
+            assert _open_sockets_on(hook.port) >= 1, "the API server is connected"
+        assert _open_sockets_on(hook.port) == 0
     finally:
         await crd_kube.delete(f"{VWCS}/{settings.configuration_name}")
