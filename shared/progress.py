@@ -197,7 +197,7 @@ class NodeFacts:
         default_factory=dict, init=False, compare=False, repr=False
     )
     """What each :func:`_per_facts` function last computed on these facts, with the
-    NodeWright object it computed it for."""
+    :func:`derivation_key` of the NodeWright it computed it for."""
 
     @property
     def ignored(self) -> bool:
@@ -327,30 +327,54 @@ def package_done(d: Desired, rec: PackageRecord | None) -> bool:
     )
 
 
+_KEY = _PerObject()
+
+
+def derivation_key(cr: api.NodeWright) -> str:
+    """All that :func:`turn`, :func:`node_done`, :func:`packages_done` and :func:`failed`
+    read of ``cr``: every desired package field they compare (the target digest's and each
+    package's spec digest) and whether it is being deleted. Two NodeWright objects with one
+    key get the same answers from them on any node; a status, batch book or annotation
+    change keeps the key (memoised per CR object)."""
+    cached = _KEY.get(cr)
+    if isinstance(cached, str):
+        return cached
+    result = _digest(
+        target_digest(cr),
+        [(d.name, d.spec_digest) for d in desired(cr).values()],
+        deleting(cr),
+    )
+    _KEY.put(cr, result)
+    return result
+
+
 V = TypeVar("V")
 
 
 def _per_facts(
     fn: Callable[[api.NodeWright, NodeFacts], V],
 ) -> Callable[[api.NodeWright, NodeFacts], V]:
-    """``fn`` computed once per facts object and NodeWright object: both are immutable, and
-    the services' caches hand out the same ones until the node or the NodeWright changes
-    (``shared.rollout.fleet.FactsCache``, ``shared.api.Decoded``), so the rollout kernel,
-    which asks each of these several times per node and pass, computes each once per change
-    (half a 1,000-node decision, issue 15). Only the last NodeWright object asked about is
-    remembered: a memo per object kept every version of a NodeWright (its status changes
-    every second) alive through the facts of the nodes that did not change, 70 MB at 1,000
-    nodes."""
+    """``fn`` computed once per facts object and :func:`derivation_key`: facts are
+    immutable, and the services' caches hand out the same ones until the node changes
+    (``shared.rollout.fleet.FactsCache``), so the rollout kernel, which asks each of these
+    several times per node and pass, computes each once per change of the node or of what
+    the NodeWright wants (half a 1,000-node decision, issue 15). Keyed by what is read of
+    the NodeWright, not by its object: its status and batch book change every second or
+    two, which at 10,000 nodes recomputed every node on almost every pass; and a key keeps
+    no NodeWright object alive (a memo per object kept every status version through the
+    facts of the nodes that did not change: 70 MB at 1,000 nodes). Only the last key asked
+    about is remembered."""
     name = fn.__name__
 
     @functools.wraps(fn)
     def memoised(cr: api.NodeWright, node: NodeFacts) -> V:
+        key = derivation_key(cr)
         hit = node.derived.get(name)
-        if hit is not None and hit[0] is cr:
+        if hit is not None and hit[0] == key:
             value: V = hit[1]
             return value
         value = fn(cr, node)
-        node.derived[name] = (cr, value)
+        node.derived[name] = (key, value)
         return value
 
     return memoised

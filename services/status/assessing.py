@@ -354,6 +354,10 @@ def assess(
     selector = cr.spec.node_selectors
     is_target = {o.name: progress.selector_matches(selector, o.facts.labels) for o in nodes}
     views: list[NodeView] = []
+    # The kernel hands one reason object to every node that waits for the same thing
+    # (thousands in a large compartment): bound each object once. Keyed by identity, each
+    # entry holding its reason so that no id is reused while the memo lives.
+    bounded: dict[int, tuple[Reason, Reason]] = {}
     for obs in sorted(nodes, key=lambda o: o.name):
         f = obs.facts
         # Where the kernel counts it (the admission's compartment while it still exists);
@@ -365,7 +369,10 @@ def assess(
             verdict = _verdict(cr, f, plan)
         else:
             verdict = _v("Pending", reasons.NOT_TARGETED, "not selected by spec.nodeSelectors")
-        reason = _bounded(verdict.reason)
+        hit = bounded.get(id(verdict.reason))
+        if hit is None or hit[0] is not verdict.reason:
+            hit = bounded[id(verdict.reason)] = (verdict.reason, _bounded(verdict.reason))
+        reason = hit[1]
         prev = obs.reported
         state = STATE_OF[verdict.phase]
         if verdict.at is not None:

@@ -160,14 +160,111 @@ def test_the_changes_that_move_a_rollout_wake_the_scheduler() -> None:
 
 def test_what_the_kernel_derives_from_a_node_is_computed_once_per_node_and_nodewright() -> None:
     """``progress.turn`` and its kin are memoised on the (immutable) facts for the last
-    NodeWright object asked about: the same answer, computed once; another NodeWright object
-    computes its own, and old ones are not kept alive."""
+    :func:`progress.derivation_key` asked about: the same answer, computed once, for every
+    NodeWright object that wants the same; no NodeWright object is kept alive."""
     cr = nodewright()
     facts = progress.facts(node("n1"), CR)
     assert progress.turn(cr, facts) == "scheduler"
     assert progress.turn(cr, facts) == "scheduler"
-    assert facts.derived["turn"] == (cr, "scheduler")
-    other = nodewright(interruptionBudget={"count": 2})
-    assert progress.node_done(other, facts) == progress.node_done(cr, facts)
-    assert facts.derived["node_done"][0] is cr, "only the last NodeWright object is kept"
+    assert facts.derived["turn"] == (progress.derivation_key(cr), "scheduler")
+    assert all(not isinstance(k, type(cr)) for k, _ in facts.derived.values())
     assert progress.facts(node("n1"), CR).derived == {}, "fresh facts, nothing computed yet"
+
+
+def _done_node(cr: Any, **package: Any) -> progress.NodeFacts:
+    rec = PackageRecord(
+        version=VERSION,
+        stage="config",
+        state="succeeded",
+        installed=VERSION,
+        config=progress.desired(cr)[PKG].config_digest,
+        spec=progress.desired(cr)[PKG].spec_digest,
+        updated=T0,
+        **package,
+    )
+    raw = node("n1")
+    raw["metadata"]["annotations"] = {
+        nodestate.key(nodestate.EXECUTOR, CR): msgspec.json.encode(
+            ExecutorRecord(packages={PKG: rec})
+        ).decode(),
+        nodestate.key(nodestate.VALIDATOR, CR): msgspec.json.encode(
+            ValidatorRecord(validated=progress.target_digest(cr))
+        ).decode(),
+    }
+    return progress.facts(raw, CR)
+
+
+def test_the_memo_follows_what_the_nodewright_wants_not_its_object() -> None:
+    """A status or batch book change (a new object, the same spec) keeps every answer;
+    a change of anything the answers read gives new ones, on the same facts."""
+    cr = nodewright()
+    facts = _done_node(cr)
+    assert progress.turn(cr, facts) == "done"
+    status_only = msgspec.structs.replace(
+        cr,
+        metadata=msgspec.structs.replace(
+            cr.metadata, resource_version="99", annotations={"nodewright.nvidia.com/x": "1"}
+        ),
+    )
+    assert progress.derivation_key(status_only) == progress.derivation_key(cr)
+    assert progress.turn(status_only, facts) == "done"
+
+    def package(**changes: Any) -> Any:
+        pkg = msgspec.structs.replace(cr.spec.packages[PKG], **changes)
+        return msgspec.structs.replace(
+            cr, spec=msgspec.structs.replace(cr.spec, packages={PKG: pkg})
+        )
+
+    # A new version, new configuration, a new image: the node has work again.
+    for changed in (
+        package(version="1.0.0"),
+        package(config_map={"k": "v"}),
+        package(image="registry.example/other"),
+    ):
+        assert progress.derivation_key(changed) != progress.derivation_key(cr)
+        assert progress.turn(changed, facts) != "done"
+        assert progress.turn(cr, facts) == "done", "and back"
+    # Being deleted, with no uninstall-enabled package: nothing left to do on the node.
+    gone = msgspec.structs.replace(
+        cr, metadata=msgspec.structs.replace(cr.metadata, deletion_timestamp=T0)
+    )
+    assert progress.derivation_key(gone) != progress.derivation_key(cr)
+    assert progress.node_done(gone, facts)
+
+
+def test_a_failure_for_another_spec_of_the_package_stops_counting_on_the_same_facts() -> None:
+    """``failed`` reads each package's spec digest (what the target digest leaves out): a
+    corrected spec of the same version must be seen through the memo."""
+    cr = nodewright()
+    facts = _done_node(cr)
+    failing = progress.facts(
+        {
+            **node("n1"),
+            "metadata": {
+                **node("n1")["metadata"],
+                "annotations": {
+                    nodestate.key(nodestate.EXECUTOR, CR): msgspec.json.encode(
+                        ExecutorRecord(
+                            packages={
+                                PKG: PackageRecord(
+                                    version=VERSION,
+                                    stage="apply",
+                                    state="failed",
+                                    spec=progress.desired(cr)[PKG].spec_digest,
+                                    updated=T0,
+                                )
+                            }
+                        )
+                    ).decode()
+                },
+            },
+        },
+        CR,
+    )
+    assert progress.failed(cr, failing)
+    pkg = msgspec.structs.replace(cr.spec.packages[PKG], graceful_shutdown_seconds=60)
+    fixed = msgspec.structs.replace(cr, spec=msgspec.structs.replace(cr.spec, packages={PKG: pkg}))
+    assert progress.target_digest(fixed) == progress.target_digest(cr), "same target"
+    assert not progress.failed(fixed, failing), "the failure was about the old spec"
+    assert progress.failed(cr, failing)
+    assert progress.turn(cr, facts) == "done"
