@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
@@ -76,6 +77,9 @@ class Scheduler:
         self._unflushed: set[tuple[str, str]] = set()
         """(NodeWright, node) whose scheduler outbox may hold events the stream does not."""
         self._finalize_waits: dict[str, int] = {}  # NodeWright -> pending count last logged
+        self._rest_until: dict[str, float] = {}
+        """NodeWright -> monotonic time before which its next pass does not decide
+        (``SchedulerSettings.decision_share``)."""
         self.publisher = streaming.Publisher(
             ctx.bus, source=f"{NAME}/{ctx.identity}", registry=ctx.registry
         )
@@ -175,11 +179,17 @@ class Scheduler:
     # ---- reconcile ----------------------------------------------------------------------
 
     async def reconcile(self, name: str) -> float | None:
+        rest = self._rest_until.get(name, 0.0) - time.monotonic()
+        if rest > 0:
+            # Before reading anything: the pass decides on what the caches hold after it,
+            # every change that came meanwhile included.
+            await asyncio.sleep(rest)
         if not self.leader.is_leader:
             return None
         raw = self.crs.get(name)
         if raw is None:
             self._finalize_waits.pop(name, None)
+            self._rest_until.pop(name, None)
             return await self._tidy_outboxes(name)
         try:
             cr = self._decode(raw)
@@ -263,8 +273,19 @@ class Scheduler:
             cr = written  # its resourceVersion is the one the book write must carry
         now = self.ctx.clock()
         writer = _PassWriter(self, cr)
-        outcome = await passing.run(
-            lambda: fleet.decide(self._fleet(), cr, now), writer, together=_together
+        decided_s = 0.0
+
+        def decide() -> kernel.Plan:
+            nonlocal decided_s
+            started = time.perf_counter()
+            try:
+                return fleet.decide(self._fleet(), cr, now)
+            finally:
+                decided_s += time.perf_counter() - started
+
+        outcome = await passing.run(decide, writer, together=_together)
+        self._rest_until[name] = time.monotonic() + core.rest_after(
+            decided_s, self.settings.decision_share
         )
         cr = writer.cr  # as the book write left it
         for note in outcome.plan.events:
