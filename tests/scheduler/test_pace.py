@@ -28,9 +28,9 @@ def test_the_next_pass_waits_so_decisions_keep_to_their_share(
 
 
 def test_the_share_is_a_setting_refused_outside_zero_to_one() -> None:
-    env = {"NODEWRIGHT_SCHEDULER_DECISION_SHARE": "0.5"}
-    assert config.load(Settings, env).scheduler.decision_share == 0.5
-    assert SchedulerSettings().decision_share == 0.25
+    env = {"NODEWRIGHT_SCHEDULER_DECISION_SHARE": "0.25"}
+    assert config.load(Settings, env).scheduler.decision_share == 0.25
+    assert SchedulerSettings().decision_share == 0.5
     for bad in ("0", "1.5", "-1"):
         with pytest.raises(config.ConfigError, match="NODEWRIGHT_SCHEDULER_DECISION_SHARE"):
             config.load(Settings, {"NODEWRIGHT_SCHEDULER_DECISION_SHARE": bad})
