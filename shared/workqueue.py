@@ -10,6 +10,8 @@
 - ``reconcile_now(key)`` queues the key and waits until a reconcile of it that *started after
   the call* has finished, returning whether it succeeded: event consumers use it to ack a
   message only after the side effect happened.
+- :func:`rest_after` paces a reconciler whose every run reads a whole fleet: how long its
+  next run waits so that it keeps to a share of the time.
 
 What a reconcile does is the caller's business.
 """
@@ -199,3 +201,11 @@ class WorkQueue(Generic[K]):
             self._waiters[key] = keep
         else:
             del self._waiters[key]
+
+
+def rest_after(spent_s: float, share: float) -> float:
+    """Seconds a key's next run waits after one that spent ``spent_s`` computing, so that
+    its computing takes at most ``share`` (0 < share <= 1) of the time. For runs that read
+    every node (a rollout decision, a status pass): when the nodes change faster than they
+    are read, runs would follow each other at once and take a whole core."""
+    return max(spent_s, 0.0) * (1.0 / share - 1.0)

@@ -1,13 +1,11 @@
-"""The scheduler's own decisions, as data, besides the rollout: the NodeWright's finalizer
-and the pace of its passes.
+"""The scheduler's own decisions, as data, besides the rollout: the NodeWright's finalizer.
 
 Which nodes start now and which admissions go is the rollout kernel's (``shared.rollout``),
 which the status service and ``nodewright plan`` call too. What is left here is what only
 the scheduler decides: :func:`finalizer` says whether the NodeWright's finalizer is added
 (while the CR lives), kept (while a deletion's uninstalls run or a node is still admitted or
-cordoned for it) or removed; :func:`rest_after`, how long its next pass waits. Pure: no
-I/O. Writing is the shell's job; every other service removes its own records of a
-NodeWright that is gone.
+cordoned for it) or removed. Pure: no I/O. Writing is the shell's job; every other service
+removes its own records of a NodeWright that is gone.
 """
 
 from __future__ import annotations
@@ -54,9 +52,3 @@ def finalizer(cr: api.NodeWright, nodes: Sequence[NodeFacts]) -> Finalizer:
         return Finalizer("none")
     pending = tuple(sorted(n.name for n in nodes if _deletion_pending(cr, n)))
     return Finalizer("wait", pending) if pending else Finalizer("remove")
-
-
-def rest_after(decided_s: float, share: float) -> float:
-    """Seconds a NodeWright's next pass waits after one whose decisions took ``decided_s``,
-    so that its decisions take at most ``share`` (0 < share <= 1) of the time."""
-    return max(decided_s, 0.0) * (1.0 / share - 1.0)

@@ -45,6 +45,7 @@ from shared import (
     runtime,
     streaming,
     subjects,
+    workqueue,
 )
 from shared.controller import Controller, node_unchanged, patch_node
 from shared.informer import Informer, slim_node
@@ -284,7 +285,7 @@ class Scheduler:
                 decided_s += time.perf_counter() - started
 
         outcome = await passing.run(decide, writer, together=_together)
-        self._rest_until[name] = time.monotonic() + core.rest_after(
+        self._rest_until[name] = time.monotonic() + workqueue.rest_after(
             decided_s, self.settings.decision_share
         )
         cr = writer.cr  # as the book write left it

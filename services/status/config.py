@@ -21,6 +21,13 @@ class StatusSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     quiet spell is handled at once, the changes within the next interval in one pass: a
     rollout changes nodes many times a second, and each status write is decoded by every
     service watching NodeWrights. 0: a pass for every change."""
+    pass_share: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.25
+    """The largest share of the time the passes over one NodeWright may spend computing
+    (reading its nodes, the rollout decision, each node's view): after a pass that spent c
+    seconds the next waits at least c x (1 / share - 1), beyond ``pass_interval_s`` when
+    that is longer. At 1,000 nodes a pass computes for tens of milliseconds and the interval
+    rules; at 10,000 for most of a second, which once a second took most of a core from the
+    services sharing its process. The status then lags the nodes by a few seconds."""
     replay_history: bool = False
     """Whether a brand-new event consumer replays the stream's history into Kubernetes Events.
     false: it starts at the stream's end, so installing the service does not raise a week of

@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
@@ -44,7 +45,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from services.status import assessing, core, kube_events, metrics, webpage
 from services.status.config import Settings
-from shared import api, events, nodestate, progress, runtime, streaming, subjects
+from shared import api, events, nodestate, progress, runtime, streaming, subjects, workqueue
 from shared.controller import Controller
 from shared.informer import Informer, slim_node
 from shared.kube import JSON, ApiError, path_of
@@ -139,6 +140,9 @@ class Status:
         self._facts = fleet.FactsCache()
         self._observed = assessing.ObservedCache(self._facts)
         self._passed_at: dict[str, datetime] = {}
+        self._rest_until: dict[str, float] = {}
+        """NodeWright -> monotonic time before which no pass over it starts
+        (``StatusSettings.pass_share``)."""
         self._kube_events = Counter(
             "nodewright_status_kube_events",
             "Kubernetes Events written, by type and outcome: created, counted in an existing "
@@ -273,6 +277,7 @@ class Status:
         if raw is None:
             self.gauges.latest.pop(name, None)
             self._passed_at.pop(name, None)
+            self._rest_until.pop(name, None)
             return None if await self._clean_up(name) else 0.5
         try:
             cr = self._decode_cr(raw)
@@ -286,6 +291,7 @@ class Status:
         if due > 0:
             return due
         self._passed_at[name] = self.ctx.clock()
+        computing = time.perf_counter()
         policy = self._policy(cr)
         selector = cr.spec.node_selectors
         observed = [
@@ -312,6 +318,9 @@ class Status:
         views = assessing.assess(cr, observed, now, plan)
         status = core.summarize(cr, policy, views, now, plan)
         updates = core.node_updates(name, views, observed, now)
+        self._rest_until[name] = time.monotonic() + workqueue.rest_after(
+            time.perf_counter() - computing, self.settings.pass_share
+        )
         nodes_ok = status_ok = False
         try:
             nodes_ok = await self._write_nodes(name, updates)
@@ -327,10 +336,11 @@ class Status:
 
     def _due(self, name: str, now: datetime) -> float:
         """Seconds until the next pass over the NodeWright may start (0: now)."""
+        resting = self._rest_until.get(name, 0.0) - time.monotonic()
         last = self._passed_at.get(name)
         if last is None:
-            return 0.0
-        return self.settings.pass_interval_s - (now - last).total_seconds()
+            return resting
+        return max(self.settings.pass_interval_s - (now - last).total_seconds(), resting)
 
     def _policy(self, cr: api.NodeWright) -> api.DeploymentPolicy | None:
         if not cr.spec.deployment_policy:
