@@ -112,6 +112,11 @@ class Scheduler:
                         "node.drain-failed",
                     )
                 ),
+                # Each event is handled by a pass over its NodeWright, and one pass acks
+                # every event waiting for it: take as many at once as the server lets us
+                # (at 16, a 10,000-node rollout left 13,000 behind, one pass a second).
+                batch=128,
+                concurrency=256,
             ),
             to_keys=lambda e: [e.cr],
         )
