@@ -17,7 +17,7 @@ import functools
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 import msgspec
 
@@ -226,8 +226,10 @@ def facts(node: Mapping[str, Any], cr: str) -> NodeFacts:
 
     selection = read(nodestate.SCHEDULER, Selection)
     drain = read(nodestate.DRAINER, DrainRecord)
-    executor = read(nodestate.EXECUTOR, ExecutorRecord) or ExecutorRecord()
     validator = read(nodestate.VALIDATOR, ValidatorRecord) or ValidatorRecord()
+    executor = finished_cycles(
+        read(nodestate.EXECUTOR, ExecutorRecord) or ExecutorRecord(), validator.checks
+    )
     return NodeFacts(
         name=str(meta.get("name", "")),
         labels=dict(meta.get("labels") or {}),
@@ -325,6 +327,75 @@ def package_done(d: Desired, rec: PackageRecord | None) -> bool:
         # check or later stages pending): the executor clears ``previous`` when a cycle ends.
         and not rec.previous
     )
+
+
+INTERRUPT_STAGE: Final = "interrupt"
+POST_INTERRUPT: Final = "post-interrupt"
+
+
+def next_stage(r: PackageRecord) -> str | None:
+    """The stage after ``r``'s current one in its cycle; None when it is the cycle's last:
+    ``apply``/``upgrade -> config [-> interrupt -> post-interrupt]``, ``uninstall [->
+    interrupt]``."""
+    match r.stage:
+        case "apply" | "upgrade":
+            return "config"
+        case "config":
+            return INTERRUPT_STAGE if r.interrupt else None
+        case "interrupt":
+            return POST_INTERRUPT
+        case "uninstall":
+            return INTERRUPT_STAGE if r.interrupt else None
+        case _:
+            return None
+
+
+def finish_cycle(r: PackageRecord, *, config: str, config_keys: Mapping[str, str]) -> PackageRecord:
+    """``r`` once its cycle ended: its version installed with ``config`` applied."""
+    return msgspec.structs.replace(
+        r,
+        installed=r.version,
+        config=config,
+        config_keys=dict(config_keys),
+        cycle_config="",
+        cycle_keys={},
+        previous="",
+        reason=None,
+    )
+
+
+def finished_cycles(record: ExecutorRecord, checks: Verdicts) -> ExecutorRecord:
+    """The executor's record as every service reads it: a package whose cycle's last stage
+    succeeded and whose check passed for that attempt counts as finished (installed, its
+    configuration applied), as if the executor had written so.
+
+    The executor does not write that step (issue 15: a Node write per package and node, and
+    a hop of latency before the validator could validate the node): the verdict that ends the
+    cycle is the validator's write, and the end of the cycle follows from it. The executor's
+    next write of the record for another reason carries the finished form. Uninstall cycles
+    end by the record's removal, which the executor does write; records written before
+    ``cycle_config`` existed are finished by the executor as before.
+    """
+    if not checks or not record.packages:
+        return record
+    changed: dict[str, PackageRecord] = {}
+    for name, r in record.packages.items():
+        if (
+            r.state != "succeeded"
+            or r.cycle == "uninstall"
+            or not r.cycle_config
+            or next_stage(r) is not None
+        ):
+            continue
+        v = checks.get(nodestate.check_key(name, r.version, r.stage))
+        if v is None or v.verdict != "passed" or v.attempt != r.attempt:
+            continue
+        changed[name] = msgspec.structs.replace(
+            finish_cycle(r, config=r.cycle_config, config_keys=r.cycle_keys), updated=v.at
+        )
+    if not changed:
+        return record
+    return msgspec.structs.replace(record, packages={**record.packages, **changed})
 
 
 _KEY = _PerObject()

@@ -12,7 +12,9 @@ publish. Rules:
   uninstall ``uninstall`` (then the package's interrupt, no post-interrupt) when requested,
   after which the package's record is removed. An uninstall cancelled while its
   ``uninstall`` stage is current installs the package again from ``apply``. A stage's next
-  one starts only after the validator passed the stage's check.
+  one starts only after the validator passed the stage's check. The check of a cycle's last
+  stage ends the cycle by itself: every service reads the package as installed from that
+  verdict (``shared.progress.finished_cycles``), so the executor writes no step for it.
 - A NodeWright being deleted wants its uninstall-enabled packages uninstalled and nothing
   else (``shared.progress.desired``): the same uninstall cycles run; the scheduler owns the
   finalizer and removes it once they finished everywhere.
@@ -56,8 +58,8 @@ from shared.podspec import PodRequest
 from shared.progress import Desired, NodeFacts
 from shared.records.executor import Cycle, ExecutorRecord, InterruptRecord, PackageRecord
 
-INTERRUPT_STAGE = "interrupt"
-POST_INTERRUPT = "post-interrupt"
+INTERRUPT_STAGE = progress.INTERRUPT_STAGE
+POST_INTERRUPT = progress.POST_INTERRUPT
 _FIRST_STAGE: dict[Cycle, str] = {
     "install": "apply",
     "upgrade": "upgrade",
@@ -251,20 +253,6 @@ def _uninstalled(w: _Work, d: Desired) -> None:
     w.packages.pop(d.name, None)
 
 
-def _next_stage(r: PackageRecord) -> str | None:
-    match r.stage:
-        case "apply" | "upgrade":
-            return "config"
-        case "config":
-            return INTERRUPT_STAGE if r.interrupt else None
-        case "interrupt":
-            return POST_INTERRUPT
-        case "uninstall":
-            return INTERRUPT_STAGE if r.interrupt else None
-        case _:
-            return None
-
-
 def _stage_timeout(cr: api.NodeWright, d: Desired) -> int:
     return d.spec.stage_timeout_seconds or cr.spec.stage_timeout_seconds
 
@@ -377,23 +365,20 @@ def _observe_stage(
 
 def _advance(w: _Work, d: Desired, r: PackageRecord) -> PackageRecord:
     """A stage succeeded and its check passed: move to the next stage, or finish."""
-    nxt = _next_stage(r)
+    nxt = progress.next_stage(r)
     if nxt is None:
         # What the cycle started for counts as applied, not what the CR says now: a
         # configMap changed mid-cycle then differs and runs its own config cycle. (Records
         # from before cycle_config existed fall back to the current configMap.)
+        # Only records from before cycle_config reach this (progress.finished_cycles ends
+        # the others as it reads them); they fall back to the current configMap.
         started_for = bool(r.cycle_config)
         return update(
-            r,
-            installed=d.version,
-            config=r.cycle_config if started_for else d.config_digest,
-            config_keys=dict(r.cycle_keys)
-            if started_for
-            else progress.config_key_digests(d.config),
-            cycle_config="",
-            cycle_keys={},
-            previous="",
-            reason=None,
+            progress.finish_cycle(
+                r,
+                config=r.cycle_config if started_for else d.config_digest,
+                config_keys=r.cycle_keys if started_for else progress.config_key_digests(d.config),
+            ),
             updated=w.now,
         )
     if nxt == INTERRUPT_STAGE:
@@ -491,7 +476,7 @@ def _packages(
         if verdict is None or verdict.verdict != "passed" or verdict.attempt != r.attempt:
             continue
         if may_start:
-            if r.cycle == "uninstall" and _next_stage(r) is None:
+            if r.cycle == "uninstall" and progress.next_stage(r) is None:
                 _uninstalled(w, d)
                 continue
             w.packages[name] = _advance(w, d, r)
@@ -846,9 +831,15 @@ def decide(
     # A fresh record starts out having honoured every request: there was nothing to act on.
     mark = requests.latest if fresh else node.executor.honoured
     boot_id = node.executor.boot_id
-    if w.packages and all(progress.package_done(d, w.packages.get(n)) for n, d in desired.items()):
+    if (
+        cr.spec.reapply_on_reboot
+        and w.packages
+        and all(progress.package_done(d, w.packages.get(n)) for n, d in desired.items())
+    ):
         # The boot the packages are complete in (after our own reboot: the new one, since
-        # post-interrupt ran in it); reapplyOnReboot compares the node's with it.
+        # post-interrupt ran in it); reapplyOnReboot compares the node's with it. Recorded
+        # only where reapplyOnReboot reads it: it costs a Node write per node once the
+        # packages are complete (their end is otherwise not written, progress.finished_cycles).
         boot_id = node.boot_id
     new_record = ExecutorRecord(
         packages=w.packages,

@@ -285,6 +285,18 @@ def _checks(
     return wanted
 
 
+def _with_checks(node: NodeFacts, checks: Mapping[str, CheckRecord]) -> NodeFacts:
+    """``node`` as it reads once ``checks`` are the validator's verdicts on it."""
+    raw = node.executor
+    # Un-finish nothing: facts finished the cycles the old verdicts end; the new verdicts
+    # can only end more of them (a verdict this pass drops is about an earlier attempt).
+    return replace(
+        node,
+        validator=msgspec.structs.replace(node.validator, checks=dict(checks)),
+        executor=progress.finished_cycles(raw, checks),
+    )
+
+
 def has_readiness_taint(taints: Iterable[Mapping[str, Any]]) -> bool:
     return any(t.get("key") == progress.RUNTIME_REQUIRED_TAINT for t in taints)
 
@@ -424,6 +436,10 @@ def decide(
     turn = progress.turn(cr, node)
     may_start = turn in ("executor", "validator") and not cr.disabled
     wanted = _checks(w, by, image_pull_grace_s, may_start)
+    if w.checks != node.validator.checks:
+        # The verdicts as this pass leaves them: the one that ends the last package's cycle
+        # makes the node due for validation now, in the same write (progress.finished_cycles).
+        turn = progress.turn(cr, _with_checks(node, w.checks))
     record = node.validator
     validated, at, reason = record.validated, record.at, record.reason
     target = progress.target_digest(cr)

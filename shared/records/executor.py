@@ -26,7 +26,9 @@ class PackageRecord(Record, frozen=True, kw_only=True, omit_defaults=True):
     state: StageState
     attempt: int = 1
     installed: str = ""
-    """The last version that completed every stage on this node ("" if none)."""
+    """The last version that completed every stage on this node ("" if none). Read it
+    through ``shared.progress.facts``: a cycle whose last stage passed its check is complete
+    there even while the record still says what it said before that check."""
     config: str = ""
     """Digest of the configMap content last applied."""
     previous: str = ""

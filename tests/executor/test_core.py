@@ -97,12 +97,15 @@ def test_a_fresh_node_starts_apply_then_config_after_each_check_passes() -> None
         cr=cr, node=_facts(_rec(d4), checks), node_pods=[_pod(cfg, "Succeeded")], now=T0
     )
     checks[nodestate.check_key("nvidia-tuned", "0.9.0", "config")] = "passed"
-    d6 = core.decide(
-        cr=cr, node=_facts(_rec(d5), checks), node_pods=[_pod(cfg, "Succeeded")], now=T0
-    )
-    final = _rec(d6).packages["nvidia-tuned"]
-    assert final.installed == "0.9.0"
+    # The verdict ends the cycle for every reader: the package is installed as the facts
+    # read it, and the executor has nothing to write for it (issue 15).
+    checked = _facts(_rec(d5), checks)
+    final = checked.executor.packages["nvidia-tuned"]
+    assert (final.installed, final.previous, final.cycle_config) == ("0.9.0", "", "")
     assert progress.package_done(progress.desired(cr)["nvidia-tuned"], final)
+    d6 = core.decide(cr=cr, node=checked, node_pods=[_pod(cfg, "Succeeded")], now=T0)
+    assert isinstance(d6.record, Keep)
+    assert d6.create == ()
 
 
 def test_a_stage_pod_the_record_moved_past_is_deleted_without_a_fence() -> None:
@@ -470,15 +473,13 @@ def test_a_config_change_cycle_waits_for_its_own_check_and_then_finishes() -> No
             }
         ),
     }
-    d4 = core.decide(
-        cr=after,
-        node=progress.facts(node("n1", records=records), CR),
-        node_pods=[_pod(cfg, "Succeeded")],
-        now=T0,
-    )
-    done = _rec(d4).packages["k"]
+    checked = progress.facts(node("n1", records=records), CR)
+    done = checked.executor.packages["k"]
     assert done.previous == ""
     assert progress.package_done(progress.desired(after)["k"], done)
+    d4 = core.decide(cr=after, node=checked, node_pods=[_pod(cfg, "Succeeded")], now=T0)
+    assert isinstance(d4.record, Keep)
+    assert d4.create == ()
 
 
 def test_a_config_change_during_a_cycle_is_not_taken_as_applied_and_runs_its_own_cycle() -> None:
@@ -507,19 +508,19 @@ def test_a_config_change_during_a_cycle_is_not_taken_as_applied_and_runs_its_own
         cr=after, node=_facts(_rec(d3), checks), node_pods=[_pod(cfg, "Succeeded")], now=T0
     )
     checks[nodestate.check_key("k", "1.0.0", "config")] = "passed"
-    d5 = core.decide(
-        cr=after, node=_facts(_rec(d4), checks), node_pods=[_pod(cfg, "Succeeded")], now=T0
-    )
-    ended = _rec(d5).packages["k"]
+    checked = _facts(_rec(d4), checks)
+    ended = checked.executor.packages["k"]
     assert ended.installed == "1.0.0"
     assert ended.config == progress.desired(before)["k"].config_digest
     assert (ended.cycle_config, ended.cycle_keys) == ("", {})
     assert not progress.package_done(progress.desired(after)["k"], ended)
 
-    d6 = core.decide(cr=after, node=_facts(_rec(d5), checks), node_pods=[], now=T0)
-    (again,) = d6.create
+    # The ended install is read from the verdict; the config cycle starts in the same pass.
+    d5 = core.decide(cr=after, node=checked, node_pods=[_pod(cfg, "Succeeded")], now=T0)
+    (again,) = d5.create
     assert (again.stage, again.attempt) == ("config", 2)
-    started = _rec(d6).packages["k"]
+    started = _rec(d5).packages["k"]
+    assert (started.installed, started.previous) == ("1.0.0", "1.0.0")
     assert (started.cycle, started.interrupt, started.interrupt_services) == (
         "config",
         "service",

@@ -8,6 +8,7 @@ from typing import Any
 
 from services.executor import core as executor_core
 from shared import events, nodestate, progress, recovery
+from shared.decisions import Keep
 from shared.records.executor import ExecutorRecord, PackageRecord
 from shared.records.scheduler import Selection
 from shared.records.validator import CheckRecord, ValidatorRecord
@@ -102,7 +103,7 @@ def test_the_executor_starts_nothing_until_the_validator_forgot_the_reboots_vali
 
 
 def test_the_executor_records_the_boot_its_packages_completed_in() -> None:
-    cr = nodewright()
+    cr = nodewright(reapplyOnReboot=True)
     d = progress.desired(cr)["nvidia-tuned"]
     at_config = ExecutorRecord(
         packages={
@@ -156,3 +157,6 @@ def test_the_executor_records_the_boot_its_packages_completed_in() -> None:
         now=T0,
     )
     assert written(mid.record, ExecutorRecord).boot_id == "", "nothing complete yet"
+    # Without reapplyOnReboot nobody reads the boot: the packages' end costs no write.
+    quiet = executor_core.decide(cr=nodewright(), node=facts, node_pods=[], now=T0)
+    assert isinstance(quiet.record, Keep)

@@ -184,6 +184,44 @@ def test_a_node_with_every_package_done_is_validated_once_ready() -> None:
     assert [e.kind for e in ready.publish] == ["node.validated"]
 
 
+def test_the_verdict_that_ends_the_last_cycle_validates_the_node_in_the_same_write() -> None:
+    """Issue 15: the config check passing ends the package's cycle (the executor writes no
+    step for it, ``progress.finished_cycles``), so the validator records the verdict and the
+    node's validation in one Node write instead of two."""
+    cr = nodewright()
+    d = progress.desired(cr)["nvidia-tuned"]
+    configured = ExecutorRecord(
+        packages={
+            "nvidia-tuned": PackageRecord(
+                version="0.9.0",
+                stage="config",
+                state="succeeded",
+                cycle_config=d.config_digest,
+                updated=T0,
+            )
+        }
+    )
+    key = nodestate.check_key("nvidia-tuned", "0.9.0", "config")
+    running = ValidatorRecord(checks={key: CheckRecord(verdict="running", at=T0)})
+    facts = _facts(configured, running)
+    assert progress.turn(cr, facts) == "executor", "the config stage's check is still running"
+    req = core.decide(cr=cr, node=_facts(configured), check_pods=[], now=T0).create[0]
+    decision = core.decide(cr=cr, node=facts, check_pods=[_pod(req, "Succeeded")], now=T0)
+    record = written(decision.record, ValidatorRecord)
+    assert record.checks[key].verdict == "passed"
+    assert record.validated == progress.target_digest(cr)
+    assert [e.kind for e in decision.publish] == ["stage.validated", "node.validated"]
+    assert progress.node_done(cr, _facts(configured, record))
+    # Not when the node is not Ready: the verdict is written, the validation waits.
+    unready = core.decide(
+        cr=cr,
+        node=_facts(configured, running, ready=False),
+        check_pods=[_pod(req, "Succeeded")],
+        now=T0,
+    )
+    assert written(unready.record, ValidatorRecord).validated == ""
+
+
 def test_a_node_is_not_validated_while_its_interrupt_runs() -> None:
     cr, rec = _done()
     rec = ExecutorRecord(
