@@ -453,6 +453,15 @@ def decide(
             w.later(5.0)
         elif interrupt is not None and interrupt.state == "running":
             w.later(5.0)
+        elif (
+            cr.spec.reapply_on_reboot
+            and node.executor.packages
+            and node.executor.boot_id != node.boot_id
+        ):
+            # The executor records the boot the packages completed in first (its write wakes
+            # this key): validated without it, a reboot before it was recorded would go
+            # unseen by reapplyOnReboot (shared.recovery.rebooted).
+            pass
         else:
             validated, at, reason = target, now, None
             w.out.emit(events.NodeValidated, "validated", target)

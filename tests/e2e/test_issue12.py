@@ -436,10 +436,8 @@ async def test_case_6_correcting_the_image_starts_a_package_that_could_not_pull_
     await kapi.patch(f"{NODES}/ip-0", {"metadata": {"annotations": {pull: None}}})
     await _patch_cr(kapi, "pull", {"packages": {"tuning": {"image": "registry.example/tuning"}}})
     await eventually(lambda: _all_done(kapi, "pull"), timeout_s=120, interval_s=1, what="done")
-    rec = nodestate.read(
-        await kapi.get(f"{NODES}/ip-0"), nodestate.EXECUTOR, "pull", ExecutorRecord
-    )
-    assert rec is not None
+    # As the services read it: the cycle ended with its last check (progress.finished_cycles).
+    rec = progress.facts(await kapi.get(f"{NODES}/ip-0"), "pull").executor
     tuning = rec.packages["tuning"]
     assert tuning.installed == "1.0.0"
     assert rec.honoured == 0, "no recovery request was made"

@@ -22,7 +22,7 @@ import pytest
 from nodewright import manifests
 from nodewright.rig import nodes
 from services.validator import core as vcore
-from shared import api, events, nodestate, progress
+from shared import api, events, progress
 from shared.kube import Kube
 from shared.records.executor import ExecutorRecord
 from tests.e2e.conftest import NODES, Sampler, Services, read_cr
@@ -86,8 +86,8 @@ async def _patch_cr(kapi: Kube, name: str, spec: dict[str, Any]) -> None:
 
 
 async def _executor(kapi: Kube, node: str, cr: str) -> ExecutorRecord:
-    raw = await kapi.get(f"{NODES}/{node}")
-    return nodestate.read(raw, nodestate.EXECUTOR, cr, ExecutorRecord) or (ExecutorRecord())
+    """The executor's record as the services read it (a cycle ends with its last check)."""
+    return progress.facts(await kapi.get(f"{NODES}/{node}"), cr).executor
 
 
 async def _start(kapi: Kube, services: Services, names: list[str], **kw: Any) -> None:

@@ -222,6 +222,25 @@ def test_the_verdict_that_ends_the_last_cycle_validates_the_node_in_the_same_wri
     assert written(unready.record, ValidatorRecord).validated == ""
 
 
+def test_with_reapply_on_reboot_validation_waits_for_the_recorded_boot() -> None:
+    """reapplyOnReboot compares the node's boot ID with the one the executor recorded when the
+    packages completed: validating before that write would leave a window in which a reboot
+    goes unseen, so the validation waits for it (one write more, only with reapplyOnReboot)."""
+    cr, rec = _done({"reapplyOnReboot": True})
+    checks = ValidatorRecord(
+        checks={
+            nodestate.check_key("nvidia-tuned", "0.9.0", "config"): CheckRecord(
+                verdict="passed", at=T0
+            )
+        }
+    )
+    before = core.decide(cr=cr, node=_facts(rec, checks, boot_id="b2"), check_pods=[], now=T0)
+    assert isinstance(before.record, Keep)
+    booted = msgspec.structs.replace(rec, boot_id="b2")
+    after = core.decide(cr=cr, node=_facts(booted, checks, boot_id="b2"), check_pods=[], now=T0)
+    assert written(after.record, ValidatorRecord).validated == progress.target_digest(cr)
+
+
 def test_a_node_is_not_validated_while_its_interrupt_runs() -> None:
     cr, rec = _done()
     rec = ExecutorRecord(

@@ -217,7 +217,9 @@ async def test_interrupts_run_the_hosts_commands_and_a_reboot_counts_when_the_bo
     rb = {
         "rb": {"version": "1.0.0", "image": "registry.example/rb", "interrupt": {"type": "reboot"}}
     }
-    await manifests.apply(kapi, _cr("rb", rb))
+    # reapplyOnReboot: the executor records the boot its packages completed in, and our own
+    # reboot must not count as one "outside NodeWright" (the packages would run again).
+    await manifests.apply(kapi, _cr("rb", rb, reapplyOnReboot=True))
 
     async def reboot_called() -> bool:
         return any("reboot" in p.read_text() for p in calls.glob("*.log"))
@@ -232,11 +234,20 @@ async def test_interrupts_run_the_hosts_commands_and_a_reboot_counts_when_the_bo
     new_boot = await asyncio.to_thread(real_node.simulate_reboot, rig._spawn)
     assert new_boot != boot_before
     await _wait_ready(kapi, "rb", "the rollout after the boot ID changed")
-    rec = nodestate.read(
-        await kapi.get(f"{NODES}/{node}"), nodestate.EXECUTOR, "rb", ExecutorRecord
-    )
-    assert rec is not None
-    assert rec.boot_id == new_boot
+
+    async def boot_recorded() -> ExecutorRecord | Pending:
+        # Written once the packages are complete, beside their validation (not before it).
+        raw = await kapi.get(f"{NODES}/{node}")
+        rec = nodestate.read(raw, nodestate.EXECUTOR, "rb", ExecutorRecord)
+        if rec is None or rec.boot_id != new_boot:
+            return Pending(f"boot ID recorded: {rec.boot_id if rec else None}")
+        return rec
+
+    rec = await eventually(boot_recorded, timeout_s=30, what="the boot the packages completed in")
+    assert isinstance(rec, ExecutorRecord)
+    assert not rec.reset_boot, "our own reboot reset nothing"
+    raw = await kapi.get(f"{NODES}/{node}")
+    assert progress.turn(await read_cr(kapi, "rb"), progress.facts(raw, "rb")) == "done"
 
 
 async def test_pods_reach_the_api_server_through_the_kubernetes_service_and_logs_work(

@@ -22,7 +22,7 @@ import pytest
 from nodewright import manifests, package_image
 from nodewright.rig import Rig
 from nodewright.rig.realnode import RealNode
-from shared import api, nodestate, pods
+from shared import api, pods, progress
 from shared.events import Reason
 from shared.kube import Kube, path_of
 from shared.records.executor import ExecutorRecord
@@ -83,8 +83,8 @@ async def _wait_ready(kapi: Kube, name: str, what: str, timeout_s: float = 240) 
 
 
 async def _executor(kapi: Kube, node: str, cr: str) -> ExecutorRecord:
-    raw = await kapi.get(f"{NODES}/{node}")
-    return nodestate.read(raw, nodestate.EXECUTOR, cr, ExecutorRecord) or (ExecutorRecord())
+    """The executor's record as the services read it (a cycle ends with its last check)."""
+    return progress.facts(await kapi.get(f"{NODES}/{node}"), cr).executor
 
 
 def _machine_swappiness() -> str:
