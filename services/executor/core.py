@@ -368,10 +368,10 @@ def _advance(w: _Work, d: Desired, r: PackageRecord) -> PackageRecord:
     nxt = progress.next_stage(r)
     if nxt is None:
         # What the cycle started for counts as applied, not what the CR says now: a
-        # configMap changed mid-cycle then differs and runs its own config cycle. (Records
-        # from before cycle_config existed fall back to the current configMap.)
-        # Only records from before cycle_config reach this (progress.finished_cycles ends
-        # the others as it reads them); they fall back to the current configMap.
+        # configMap changed mid-cycle then differs and runs its own config cycle. The
+        # services reach this only with records from before cycle_config existed
+        # (progress.finished_cycles ends the others as they are read); those fall back to
+        # the current configMap.
         started_for = bool(r.cycle_config)
         return update(
             progress.finish_cycle(

@@ -218,9 +218,16 @@ def _checks(
     wanted: set[str] = set()
     for name, r in sorted(w.node.executor.packages.items()):
         d = desired.get(name)
-        if d is None or r.version != d.version or r.stage not in CHECKED_STAGES:
+        if r.stage not in CHECKED_STAGES:
             continue
         key = check_key(name, r.version, r.stage)
+        if d is None or r.version != d.version:
+            if progress.next_stage(r) is None and r.cycle != "uninstall":
+                # Until the executor writes the record again, this verdict is what says its
+                # cycle ended (progress.finished_cycles): the version it installed is the
+                # one the next cycle upgrades from.
+                wanted.add(key)
+            continue
         wanted.add(key)
         stale = w.checks.get(key)
         if stale is not None and stale.attempt != r.attempt:

@@ -222,6 +222,53 @@ def test_the_verdict_that_ends_the_last_cycle_validates_the_node_in_the_same_wri
     assert written(unready.record, ValidatorRecord).validated == ""
 
 
+def test_the_verdict_that_ended_a_cycle_stays_while_the_record_relies_on_it() -> None:
+    """The executor's record keeps saying "config succeeded" after the check that ended its
+    cycle (progress.finished_cycles): when the NodeWright moves on to a new version, a write
+    of the validator for another package must keep that verdict, or the installed version the
+    upgrade starts from would be forgotten."""
+    pkg = {"version": "1.0.0", "image": "r/a"}
+    before = nodewright(packages={"a": pkg, "b": {"version": "1.0.0", "image": "r/b"}})
+    d = progress.desired(before)["a"]
+    ended = PackageRecord(
+        version="1.0.0", stage="config", state="succeeded", cycle_config=d.config_digest, updated=T0
+    )
+    b_applied = PackageRecord(version="1.0.0", stage="apply", state="succeeded", updated=T0)
+    executor = ExecutorRecord(packages={"a": ended, "b": b_applied})
+    a_key = nodestate.check_key("a", "1.0.0", "config")
+    b_key = nodestate.check_key("b", "1.0.0", "apply")
+    checks = ValidatorRecord(
+        checks={
+            a_key: CheckRecord(verdict="passed", at=T0),
+            b_key: CheckRecord(verdict="running", at=T0),
+        }
+    )
+    after = nodewright(
+        packages={"a": {**pkg, "version": "2.0.0"}, "b": {"version": "1.0.0", "image": "r/b"}}
+    )
+    facts = _facts(executor, checks)
+    assert facts.executor.packages["a"].installed == "1.0.0"
+    b_pod = PodView(
+        name="b-check",
+        cr=CR,
+        node="n1",
+        role="check",
+        package="b",
+        stage="apply",
+        version="1.0.0",
+        attempt=1,
+        cycle="",
+        phase="Succeeded",
+        deleting=False,
+        created=T0,
+    )
+    decision = core.decide(cr=after, node=facts, check_pods=[b_pod], now=T0)
+    record = written(decision.record, ValidatorRecord)
+    assert record.checks[b_key].verdict == "passed"
+    assert a_key in record.checks
+    assert _facts(executor, record).executor.packages["a"].installed == "1.0.0"
+
+
 def test_with_reapply_on_reboot_validation_waits_for_the_recorded_boot() -> None:
     """reapplyOnReboot compares the node's boot ID with the one the executor recorded when the
     packages completed: validating before that write would leave a window in which a reboot
