@@ -176,6 +176,9 @@ class ServiceContext:
     health_port: int
     pages: health.Pages = dataclasses.field(default_factory=health.Pages)
     """More pages of the health server (the status service's web page)."""
+    probes: health.Probes = dataclasses.field(default_factory=health.Probes)
+    """The process's readiness checks (``/readyz``): a service adds what must hold before it
+    takes traffic, such as the validator's admission webhook being served and registered."""
     clock: Callable[[], datetime] = utcnow
     informers: InformerHub = dataclasses.field(default_factory=InformerHub)
     """Shared by the services of one process, so each collection is watched once."""
@@ -233,6 +236,7 @@ async def _context(*, name: str, settings: ServiceSettings) -> AsyncIterator[Ser
             supervisor=supervisor,
             health_port=port,
             pages=pages,
+            probes=probes,
         )
 
 

@@ -19,9 +19,11 @@ rule; the node watch and the periodic resync find them, so a missed event is rec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import Any
 
 import msgspec
 
@@ -29,6 +31,7 @@ from services.validator import core, webhook
 from services.validator.config import Settings
 from shared import (
     api,
+    health,
     nodeshell,
     nodestate,
     pods,
@@ -360,12 +363,36 @@ async def build(ctx: runtime.ServiceContext) -> None:
     settings = ctx.settings
     Validator(ctx, settings).controller.register()
     if settings.webhook_enabled:
+        ctx.supervisor.add(
+            "webhook",
+            admission(ctx.probes, lambda: webhook.serve_webhook(ctx.kube, settings.webhook)),
+        )
 
-        async def serve_admission() -> None:
-            async with webhook.serve_webhook(ctx.kube, settings.webhook):
+
+def admission(
+    probes: health.Probes,
+    serve: Callable[[], contextlib.AbstractAsyncContextManager[webhook.Webhook]],
+) -> Callable[[], Coroutine[Any, Any, None]]:
+    """The task serving the admission webhook, and its readiness check: the process is not
+    ready until the webhook is served and its configuration registered (a Service sends
+    admission requests to ready pods only; with failurePolicy Fail, a request sent to a
+    replica not serving yet refuses the change it was about)."""
+    serving: list[webhook.Webhook] = []
+
+    async def ready() -> bool:
+        return bool(serving) and await serving[0].ready()
+
+    probes.add("webhook", ready)
+
+    async def serve_admission() -> None:
+        async with serve() as hook:
+            serving.append(hook)
+            try:
                 await asyncio.Event().wait()  # serves until the stop cancels this task
+            finally:
+                serving.clear()
 
-        ctx.supervisor.add("webhook", serve_admission)
+    return serve_admission
 
 
 SERVICE = runtime.Service(name=NAME, settings_type=Settings, build=build)
