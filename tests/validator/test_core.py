@@ -248,20 +248,10 @@ def test_the_verdict_that_ended_a_cycle_stays_while_the_record_relies_on_it() ->
     )
     facts = _facts(executor, checks)
     assert facts.executor.packages["a"].installed == "1.0.0"
-    b_pod = PodView(
-        name="b-check",
-        cr=CR,
-        node="n1",
-        role="check",
-        package="b",
-        stage="apply",
-        version="1.0.0",
-        attempt=1,
-        cycle="",
-        phase="Succeeded",
-        deleting=False,
-        created=T0,
+    b_req = PodRequest(
+        role="check", package="b", stage="apply", version="1.0.0", attempt=1, name="b-check"
     )
+    b_pod = _pod(b_req, "Succeeded")
     decision = core.decide(cr=after, node=facts, check_pods=[b_pod], now=T0)
     record = written(decision.record, ValidatorRecord)
     assert record.checks[b_key].verdict == "passed"
