@@ -109,21 +109,40 @@ def path_of(
     return base
 
 
-def resource_of(path: str) -> str:
-    """The resource a REST path names, with its subresource: ``nodes``, ``nodes/status``,
-    ``pods/eviction``, ``nodewrights``; a non-resource path as itself (``/readyz``)."""
+def _resource_parts(path: str) -> list[str] | None:
+    """The parts of a REST path after its group and version, without a namespace (None: not
+    a resource path)."""
     parts = [p for p in path.split("?", 1)[0].split("/") if p]
     if parts[:1] == ["api"]:
         rest = parts[2:]
     elif parts[:1] == ["apis"]:
         rest = parts[3:]
     else:
-        return "/" + "/".join(parts)
+        return None
     if len(rest) > 2 and rest[0] == "namespaces":
         rest = rest[2:]  # namespaced: the namespace is not the resource
+    return rest
+
+
+def resource_of(path: str) -> str:
+    """The resource a REST path names, with its subresource: ``nodes``, ``nodes/status``,
+    ``pods/eviction``, ``nodewrights``; a non-resource path as itself (``/readyz``)."""
+    rest = _resource_parts(path)
+    if rest is None:
+        return "/" + "/".join(p for p in path.split("?", 1)[0].split("/") if p)
     if not rest:
         return ""
     return rest[0] if len(rest) < 3 else f"{rest[0]}/{rest[2]}"
+
+
+def verb_of(method: str, path: str, *, watch: bool = False) -> str:
+    """The API server's name for a request: ``WATCH``, ``LIST`` (a GET of a collection) or
+    the HTTP method; a read of one node and a list of all of them are not the same cost."""
+    if watch:
+        return "WATCH"
+    if method == "GET" and len(_resource_parts(path) or ()) == 1:
+        return "LIST"
+    return method
 
 
 RequestObserver = Callable[[str, str, str], None]
@@ -136,7 +155,8 @@ def request_counter(registry: CollectorRegistry) -> RequestObserver:
     writes what and a benchmark can split the API load by service."""
     counter = Counter(
         "nodewright_kube_requests",
-        "Kubernetes API requests made, by verb (WATCH for watches), resource and HTTP code",
+        "Kubernetes API requests made, by verb (LIST and WATCH as the API server names them), "
+        "resource and HTTP code",
         ["verb", "resource", "code"],
         registry=registry,
     )
@@ -197,7 +217,7 @@ class Kube:
             return resp
         finally:
             if self.observe is not None:
-                verb = "WATCH" if (query or {}).get("watch") is True else method
+                verb = verb_of(method, path, watch=(query or {}).get("watch") is True)
                 self.observe(verb, resource_of(path), code)
 
     async def request(

@@ -370,5 +370,5 @@ async def test_the_five_services_in_one_process_give_the_same_result_with_one_wa
     # Alone, each of the five services lists and watches the nodes and the NodeWrights.
     for resource in ("nodes", "nodewrights"):
         assert requests[f"WATCH {resource}"] <= 2, (resource, requests)  # + one re-opened
-        assert requests[f"GET {resource}"] <= 2, (resource, requests)
+        assert requests[f"LIST {resource}"] <= 2, (resource, requests)
     assert together.alive()

@@ -11,7 +11,15 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from shared.config import KubeSettings
-from shared.kube import ApiError, Kube, connect, path_of, request_counter, resource_of
+from shared.kube import (
+    ApiError,
+    Kube,
+    connect,
+    path_of,
+    request_counter,
+    resource_of,
+    verb_of,
+)
 
 
 @pytest.mark.parametrize(
@@ -34,6 +42,27 @@ def test_the_resource_of_a_path(path: str, resource: str) -> None:
     assert resource_of(path) == resource
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "verb"),
+    [
+        ("GET", "/api/v1/nodes", "LIST"),
+        ("GET", "/api/v1/nodes?labelSelector=a%3Db", "LIST"),
+        ("GET", "/api/v1/nodes/gpu-node.001", "GET"),
+        ("GET", "/api/v1/namespaces/ns/pods", "LIST"),
+        ("GET", "/api/v1/namespaces/ns/pods/p-1/log", "GET"),
+        ("GET", "/api/v1/namespaces", "LIST"),
+        ("GET", "/api/v1/namespaces/ns", "GET"),
+        ("GET", "/apis/nodewright.nvidia.com/v1alpha1/nodewrights", "LIST"),
+        ("PATCH", "/api/v1/nodes/gpu-node.001", "PATCH"),
+        ("DELETE", "/api/v1/namespaces/ns/pods", "DELETE"),
+        ("GET", "/readyz", "GET"),
+    ],
+)
+def test_the_verb_of_a_request_is_the_api_servers(method: str, path: str, verb: str) -> None:
+    assert verb_of(method, path) == verb
+    assert verb_of(method, path, watch=True) == "WATCH"
+
+
 def _counts(registry: CollectorRegistry) -> dict[tuple[str, str, str], float]:
     return {
         (s.labels["verb"], s.labels["resource"], s.labels["code"]): s.value
@@ -54,7 +83,7 @@ async def test_every_request_is_counted_by_verb_resource_and_code(kapi: Kube) ->
     async for _ in kube.watch(path_of(plural="namespaces"), resource_version="0", timeout_s=1):
         pass
     assert _counts(registry) == {
-        ("GET", "nodes", "200"): 1.0,
+        ("LIST", "nodes", "200"): 1.0,
         ("GET", "nodes", "404"): 1.0,
         ("WATCH", "namespaces", "200"): 1.0,
     }
