@@ -41,6 +41,8 @@ from nodewright.connecting import CommandError, Target, run
 from nodewright.node_cmd import DryRun
 from shared import api, nodestate, pods, progress
 from shared.kube import ApiError, Kube, path_of
+from shared.records.executor import PackageRecord
+from shared.records.validator import CheckRecord
 
 STAGES = (*nodestate.RERUN_STAGES, "uninstall")
 """Stages a package's pods run (the interrupt pod is the node's, not a package's)."""
@@ -132,9 +134,20 @@ def status_row(
         "attempt": r.attempt,
         "installed": r.installed,
         "reason": msgspec.to_builtins(r.reason) if r.reason is not None else None,
-        # A verdict about an earlier attempt no longer counts (CheckRecord.attempt).
-        "check": check.verdict if check is not None and check.attempt == r.attempt else None,
+        "check": _check(r, check),
     }
+
+
+def _check(r: PackageRecord, check: CheckRecord | None) -> str | None:
+    """The verdict of the check of ``r``'s current stage and attempt. A verdict about an
+    earlier attempt no longer counts (CheckRecord.attempt); a succeeded stage without one has
+    its check running: the validator starts it as it sees the stage succeed and records only
+    its verdict (its pod says it runs)."""
+    if check is not None and check.attempt == r.attempt:
+        return check.verdict
+    if r.state == "succeeded" and r.stage in progress.CHECKED_STAGES:
+        return "running"
+    return None
 
 
 def status_rows(

@@ -97,11 +97,12 @@ class NodeDecision:
     annotations: Mapping[str, str | None] = field(default_factory=dict)
     """More annotations of the owner's own set in the same patch (None removes one)."""
     fence: bool = False
-    """Create and delete pods only after a resourceVersion-checked write, even when nothing
-    else changes (then a patch carrying nothing but the resourceVersion): a replica whose
-    cache has not seen another one record a result and delete its pod must not run it
-    again, and a replica whose node is behind its pod cache must not delete a pod the
-    current record still runs (another replica would create it a second time)."""
+    """Create and delete pods only once the node is proved unchanged since the decision: by
+    the decision's own write, or, when nothing else changes, by reading the node's
+    resourceVersion from the API server (:meth:`shared.nodeshell.NodePort.confirm`). A
+    replica whose cache has not seen another one record a result and delete its pod must
+    not run it again, and a replica whose node is behind its pod cache must not delete a pod
+    the current record still runs (another replica would create it a second time)."""
     config_maps: tuple[JSON, ...] = ()
     create: tuple[JSON, ...] = ()
     delete: tuple[PodRef, ...] = ()
@@ -125,15 +126,20 @@ class NodeDecision:
 
     @property
     def patches_node(self) -> bool:
+        """The decision writes the node (which also fences its pods)."""
         return (
             not isinstance(self.record, Keep)
             or bool(self.spec)
             or bool(self.annotations)
             or bool(self.events)  # they go into the outbox with the transition
-            or (
-                self.fence
-                and (bool(self.create) or any(p.name not in self.settled for p in self.delete))
-            )
+        )
+
+    @property
+    def needs_fence(self) -> bool:
+        """Pods are created or deleted that only a node unchanged since the decision may
+        create or delete (everything but :attr:`settled` deletes)."""
+        return self.fence and (
+            bool(self.create) or any(p.name not in self.settled for p in self.delete)
         )
 
 

@@ -9,10 +9,11 @@
    the owner's other annotations of the decision), with the resourceVersion of the node the
    decision was taken on (:attr:`NodeDecision.observed_version`) as precondition: a
    decision taken on a stale node is refused (the key is looked at again at once, on fresh
-   data). With :attr:`NodeDecision.fence` the patch is made even when nothing
-   changes, before any pod is created or deleted (see there), unless the only pods to
-   delete are :attr:`NodeDecision.settled` ones (finished, and moved past by the record
-   decided on: no record can still want them);
+   data). With :attr:`NodeDecision.fence`, when nothing is written, the node's
+   resourceVersion is read from the API server instead (:meth:`NodePort.confirm`) before any
+   pod is created or deleted (see there), unless the only pods to delete are
+   :attr:`NodeDecision.settled` ones (finished, and moved past by the record decided on: no
+   record can still want them);
 3. create the ConfigMaps and pods (one that exists already is success: names are
    deterministic), at most :data:`CREATE_WITHIN_S` after that write; delete the pods, each
    with its UID and resourceVersion as preconditions and only once it is
@@ -87,6 +88,11 @@ class NodePort(Protocol):
     async def patch(self, name: str, body: JSON) -> bool:
         """Merge-patch the node (``body`` carries its resourceVersion); False when the node
         changed or is gone. What was written is seen by :meth:`get` at once."""
+        ...
+
+    async def confirm(self, name: str, version: str) -> bool:
+        """Whether the API server's node is still at resourceVersion ``version`` (a quorum
+        read); False when it changed or is gone."""
         ...
 
 
@@ -202,6 +208,14 @@ async def apply(
         fenced = clock()
         if written is not None:
             written()
+    elif decision.needs_fence:
+        # A read proves what a precondition-only PATCH proved, without a write that every
+        # node watcher is sent (issue 15: the validator starts each check this way).
+        version = decision.observed_version or str(cached["metadata"]["resourceVersion"])
+        if not await nodes.confirm(decision.node, version):
+            _log.info("Skipped pods of a stale decision", extra=where)
+            return STALE_RETRY_S
+        fenced = clock()
     again = decision.requeue_after
     if again_young is not None:
         again = _sooner(again, again_young)
@@ -354,6 +368,17 @@ class KubeNodes:
             raise
         self.informer.observe(updated)
         return True
+
+    async def confirm(self, name: str, version: str) -> bool:
+        try:
+            node = await self.kube.get(path_of(plural="nodes", name=name))
+        except ApiError as exc:
+            if exc.not_found:
+                return False
+            raise
+        # Not written through to the cache: a node someone else changed is the watch's to
+        # deliver, as the change every key it concerns is woken by.
+        return str(node["metadata"]["resourceVersion"]) == version
 
 
 @dataclass

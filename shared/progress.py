@@ -331,6 +331,8 @@ def package_done(d: Desired, rec: PackageRecord | None) -> bool:
 
 INTERRUPT_STAGE: Final = "interrupt"
 POST_INTERRUPT: Final = "post-interrupt"
+CHECKED_STAGES: Final = frozenset({"apply", "upgrade", "config", POST_INTERRUPT, "uninstall"})
+"""The stages whose success the validator checks (``<stage>-check``) before the next one."""
 
 
 def next_stage(r: PackageRecord) -> str | None:

@@ -53,7 +53,7 @@ from shared.podspec import PodRequest
 from shared.progress import NodeFacts
 from shared.records.validator import CheckRecord, ValidatorRecord
 
-CHECKED_STAGES = frozenset({"apply", "upgrade", "config", "post-interrupt", "uninstall"})
+CHECKED_STAGES = progress.CHECKED_STAGES
 _TAIL = 512
 
 AUTO_TAINTED: Final = f"readiness.{nodestate.VALIDATOR}/auto-tainted"
@@ -243,23 +243,21 @@ def _checks(
                 if pod is not None:
                     w.keep.add(pod.name)  # kept for its logs until a retry
             continue
-        req = _request(w, d, r.stage, r.version, r.attempt, r.previous, cycle)
         pod = check_pods.get(pod_key)
-        if v is None:
-            if not may_start:
-                continue
-            w.checks[key] = CheckRecord(verdict="running", at=w.now, attempt=r.attempt)
-            w.start(req)
-            continue
         if pod is None:
             if may_start:
-                w.start(req)  # lost or never created: same deterministic name
+                # Nothing is recorded for a check that starts: its pod, under a name fixed by
+                # the attempt, is what says it runs (one Node write per stage, issue 15); the
+                # shell creates it only on a node read unchanged since this decision.
+                w.start(_request(w, d, r.stage, r.version, r.attempt, r.previous, cycle))
             continue
         w.keep.add(pod.name)
         timeout = d.spec.stage_timeout_seconds or w.cr.spec.stage_timeout_seconds
-        verdict = _verdict_from_pod(pod, started=v.at, now=w.now, timeout=timeout, grace=grace)
+        # A "running" verdict is an earlier version's record of the start.
+        started = v.at if v is not None else pod.created or w.now
+        verdict = _verdict_from_pod(pod, started=started, now=w.now, timeout=timeout, grace=grace)
         if verdict is None:
-            w.later(min(30.0, max(1.0, timeout - (w.now - v.at).total_seconds())))
+            w.later(min(30.0, max(1.0, timeout - (w.now - started).total_seconds())))
             continue
         w.checks[key] = verdict
         if verdict.verdict == "passed":

@@ -32,6 +32,8 @@ class FakeNodes:
     """Every patch that landed, in order."""
     refused: list[tuple[str, JSON]] = field(default_factory=list)
     """Every patch refused for a stale resourceVersion (409) or a gone node (404)."""
+    confirms: list[tuple[str, bool]] = field(default_factory=list)
+    """Every read of a node's resourceVersion (a fence without a write), and its answer."""
 
     def add(self, node: JSON) -> None:
         self.revision += 1
@@ -66,6 +68,12 @@ class FakeNodes:
         node["metadata"]["resourceVersion"] = str(self.revision)
         self.patches.append((name, body))
         return True
+
+    async def confirm(self, name: str, version: str) -> bool:
+        node = self.nodes.get(name)
+        current = node is not None and node["metadata"]["resourceVersion"] == version
+        self.confirms.append((name, current))
+        return current
 
 
 @dataclass

@@ -233,14 +233,28 @@ async def test_a_decision_on_a_node_that_changed_while_prepare_ran_writes_and_cr
     assert objects.created == ["Pod/apply"]
 
 
-async def test_pods_are_created_only_after_a_write_even_when_the_record_does_not_change() -> None:
+async def test_pods_are_created_only_on_a_node_read_unchanged_when_nothing_is_written() -> None:
+    """Issue 15: the fence of a decision that writes nothing is a read of the node's
+    resourceVersion, not a precondition-only PATCH every node watcher is sent."""
     nodes = _nodes()
+    decided_on = str(nodes.nodes["n1"]["metadata"]["resourceVersion"])
     decision = NodeDecision(
-        owner=nodestate.EXECUTOR, cr=CR, node="n1", fence=True, create=(_pod("apply"),)
+        owner=nodestate.EXECUTOR,
+        cr=CR,
+        node="n1",
+        fence=True,
+        create=(_pod("apply"),),
+        observed_version=decided_on,
     )
-    _, objects, _ = await _apply(decision, nodes)
-    ((_, body),) = nodes.patches
-    assert body == {"metadata": {"resourceVersion": "101"}}, "the precondition alone"
+    nodes.touch("n1")  # another replica recorded something after this decision was taken
+    got, objects, _ = await _apply(decision, nodes)
+    assert got == nodeshell.STALE_RETRY_S
+    assert objects.created == [], "a stale decision creates nothing"
+    assert nodes.confirms == [("n1", False)]
+    now = str(nodes.nodes["n1"]["metadata"]["resourceVersion"])
+    _, objects, _ = await _apply(replace(decision, observed_version=now), nodes)
+    assert nodes.patches == [], "no write at all"
+    assert nodes.confirms[1:] == [("n1", True)]
     assert objects.created == ["Pod/apply"]
 
 
@@ -287,8 +301,8 @@ async def test_a_delete_is_fenced_like_a_create_so_a_stale_record_deletes_nothin
         decision, nodes=nodes, objects=objects, bus=FakeBus(), now=lambda: T0 + timedelta(hours=1)
     )
     assert got is None
-    ((_, patch),) = nodes.patches
-    assert patch == {"metadata": {"resourceVersion": current}}
+    assert nodes.patches == []
+    assert nodes.confirms == [("n1", True)], f"read at {current} and found unchanged"
     assert objects.deleted == ["config"]
 
 
@@ -313,13 +327,13 @@ async def test_a_settled_pod_is_deleted_without_a_fence_write() -> None:
         )
         is None
     )
-    assert (nodes.patches, objects.deleted) == ([], ["apply"])
+    assert (nodes.patches, nodes.confirms, objects.deleted) == ([], [], ["apply"])
     body2, ref2 = _old_pod("config", uid="u2")
     objects.objects[("Pod", "config")] = body2
     objects.objects[("Pod", "apply")] = body
     both = replace(settled, delete=(ref, ref2))
     await nodeshell.apply(both, nodes=nodes, objects=objects, bus=FakeBus(), now=lambda: later)
-    assert len(nodes.patches) == 1, "one pod not settled: the decision is fenced"
+    assert len(nodes.confirms) == 1, "one pod not settled: the decision is fenced"
 
 
 async def test_a_delete_names_the_object_decided_on_not_its_namesake() -> None:
@@ -354,11 +368,11 @@ async def test_a_young_pod_is_not_deleted_until_no_replica_can_be_about_to_creat
     assert objects.deleted == []
     # Issue 15: while only young pods wait, no fence write either (each pass made a
     # precondition-only PATCH: ~60 per node and service in a small rollout).
-    assert nodes.patches == [], "nothing to delete yet: nothing to fence"
+    assert (nodes.patches, nodes.confirms) == ([], []), "nothing to delete yet: nothing to fence"
     old = T0 + timedelta(seconds=nodeshell.MIN_POD_AGE_S)
     await nodeshell.apply(decision, nodes=nodes, objects=objects, bus=FakeBus(), now=lambda: old)
     assert objects.deleted == ["apply"]
-    assert len(nodes.patches) == 1, "the delete itself is fenced"
+    assert len(nodes.confirms) == 1, "the delete itself is fenced"
 
 
 async def test_a_create_too_long_after_its_write_is_decided_again() -> None:

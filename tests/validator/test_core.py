@@ -3,6 +3,7 @@ validates the node, and lifts the readiness taint only when allowed."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
@@ -71,13 +72,11 @@ def test_a_succeeded_stage_gets_a_check_pod_and_a_passing_check_is_published() -
     d1 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[], now=T0)
     (req,) = d1.create
     assert (req.role, req.stage, req.package) == ("check", "apply", "nvidia-tuned")
-    assert written(d1.record, ValidatorRecord).checks[KEY].verdict == "running"
-    d2 = core.decide(
-        cr=cr,
-        node=_facts(APPLIED, written(d1.record, ValidatorRecord)),
-        check_pods=[_pod(req, "Succeeded")],
-        now=T0,
-    )
+    # Issue 15: a check that starts is not written down; its pod says it runs.
+    assert isinstance(d1.record, Keep)
+    again = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[_pod(req, "Running")], now=T0)
+    assert (again.record, again.create, again.delete) == (Keep(), (), ())
+    d2 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[_pod(req, "Succeeded")], now=T0)
     assert written(d2.record, ValidatorRecord).checks[KEY].verdict == "passed"
     assert [e.kind for e in d2.publish] == ["stage.validated"]
     assert d2.delete == (req.name,)
@@ -90,10 +89,7 @@ def test_a_check_pod_whose_verdict_the_record_holds_is_deleted_without_a_fence()
     cr = nodewright()
     d1 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[], now=T0)
     (req,) = d1.create
-    running = written(d1.record, ValidatorRecord)
-    d2 = core.decide(
-        cr=cr, node=_facts(APPLIED, running), check_pods=[_pod(req, "Succeeded")], now=T0
-    )
+    d2 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[_pod(req, "Succeeded")], now=T0)
     assert d2.delete == (req.name,)
     assert d2.settled == frozenset(), "decided on a record that did not hold the verdict yet"
     passed = written(d2.record, ValidatorRecord)
@@ -116,12 +112,7 @@ def test_a_failing_check_records_the_output_tail_and_keeps_the_pod() -> None:
     d1 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[], now=T0)
     req = d1.create[0]
     failed = _pod(req, "Failed", exit_code=2, message="sysctl vm.swappiness is 60, want 10")
-    d2 = core.decide(
-        cr=cr,
-        node=_facts(APPLIED, written(d1.record, ValidatorRecord)),
-        check_pods=[failed],
-        now=T0,
-    )
+    d2 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[failed], now=T0)
     verdict = written(d2.record, ValidatorRecord).checks[KEY]
     assert verdict.verdict == "failed"
     assert verdict.reason is not None
@@ -133,18 +124,26 @@ def test_a_failing_check_records_the_output_tail_and_keeps_the_pod() -> None:
 
 
 def test_a_check_running_past_the_stage_timeout_fails() -> None:
+    """The timeout counts from the check pod's creation (nothing else records the start)."""
     cr = nodewright(stageTimeoutSeconds=30)
     d1 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[], now=T0)
     req = d1.create[0]
-    d2 = core.decide(
-        cr=cr,
-        node=_facts(APPLIED, written(d1.record, ValidatorRecord)),
-        check_pods=[_pod(req, "Running")],
-        now=T0 + timedelta(seconds=31),
+    late = dataclasses.replace(_pod(req, "Running"), created=T0 + timedelta(seconds=10))
+    young = core.decide(
+        cr=cr, node=_facts(APPLIED), check_pods=[late], now=T0 + timedelta(seconds=31)
     )
+    assert isinstance(young.record, Keep)
+    assert young.requeue_after == pytest.approx(9.0), "looked at again when it would time out"
+    d2 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[late], now=T0 + timedelta(seconds=40))
     reason = written(d2.record, ValidatorRecord).checks[KEY].reason
     assert reason is not None
     assert reason.code == "CheckTimeout"
+    # A "running" verdict an earlier version wrote still dates the start.
+    legacy = ValidatorRecord(checks={KEY: CheckRecord(verdict="running", at=T0)})
+    d3 = core.decide(
+        cr=cr, node=_facts(APPLIED, legacy), check_pods=[late], now=T0 + timedelta(seconds=31)
+    )
+    assert written(d3.record, ValidatorRecord).checks[KEY].verdict == "failed"
 
 
 def _done(cr_kwargs: dict[str, Any] | None = None) -> tuple[Any, ExecutorRecord]:

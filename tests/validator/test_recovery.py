@@ -8,6 +8,7 @@ import pytest
 
 from services.validator import core
 from shared import nodestate, progress
+from shared.decisions import Keep
 from shared.events import Reason
 from shared.nodestate import Request, Requests
 from shared.records.executor import ExecutorRecord, PackageRecord
@@ -69,11 +70,11 @@ def test_a_retried_stage_drops_the_old_verdict_and_gets_a_check_of_its_own() -> 
     )
     (req,) = checked.create
     assert (req.attempt, req.name != old_req.name) == (2, True)
-    assert written(checked.record, ValidatorRecord).checks[KEY].attempt == 2
+    assert isinstance(checked.record, Keep), "a check that starts is not written down"
     passed = core.decide(
         cr=cr,
-        node=_facts(_applied("succeeded", 2), written(checked.record, ValidatorRecord)),
-        check_pods=[_pod(req, "Succeeded")],
+        node=_facts(_applied("succeeded", 2), written(running.record, ValidatorRecord)),
+        check_pods=[old_pod, _pod(req, "Succeeded")],
         now=T0,
     )
     assert (
@@ -124,15 +125,18 @@ def test_decide_honours_new_requests_first_and_once() -> None:
         now=T0,
         requests=reqs,
     )
-    assert written(again.record, ValidatorRecord).honoured == 1
+    assert isinstance(again.record, Keep), "the request is honoured; the check's start is no write"
     assert [r.stage for r in again.create] == ["apply"]
 
 
 def test_a_fresh_record_starts_having_honoured_every_request() -> None:
+    cr = nodewright()
+    start = core.decide(cr=cr, node=_facts(_applied("succeeded", 1)), check_pods=[], now=T0)
+    (req,) = start.create
     d = core.decide(
-        cr=nodewright(),
+        cr=cr,
         node=_facts(_applied("succeeded", 1)),
-        check_pods=[],
+        check_pods=[_pod(req, "Succeeded")],
         now=T0,
         requests=_requests("retry", "rerun"),
     )
