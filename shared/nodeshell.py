@@ -3,9 +3,7 @@
 
 :func:`apply` does, in this order, what every such service did by hand before:
 
-1. run the service's ``prepare`` step, if any (the executor's node metadata ConfigMap, which
-   the stage pods mount; idempotent, so it may run for a decision that turns out stale);
-2. patch the node once (the owner's record written, kept or removed, the ``spec`` fields and
+1. patch the node once (the owner's record written, kept or removed, the ``spec`` fields and
    the owner's other annotations of the decision), with the resourceVersion of the node the
    decision was taken on (:attr:`NodeDecision.observed_version`) as precondition: a
    decision taken on a stale node is refused (the key is looked at again at once, on fresh
@@ -14,11 +12,11 @@
    pod is created or deleted (see there), unless the only pods to delete are
    :attr:`NodeDecision.settled` ones (finished, and moved past by the record decided on: no
    record can still want them);
-3. create the ConfigMaps and pods (one that exists already is success: names are
+2. create the ConfigMaps and pods (one that exists already is success: names are
    deterministic), at most :data:`CREATE_WITHIN_S` after that write; delete the pods, each
    with its UID and resourceVersion as preconditions and only once it is
    :data:`MIN_POD_AGE_S` old;
-4. publish the events, which step 2 wrote into the owner's outbox on the node in the same
+3. publish the events, which step 1 wrote into the owner's outbox on the node in the same
    patch as the transition they describe (``shared.outbox``; the events of the previous
    transition the stream holds leave the outbox in that same patch: no write clears it).
    An outbox left by a writer that died before it published is published by the next pass
@@ -50,9 +48,11 @@ import nats.errors
 import nats.js.errors
 
 from shared import events, nodestate, outbox
+from shared.controller import Controller
 from shared.decisions import JSON, Keep, NodeDecision, PodRef, Remove, Write
 from shared.informer import Informer
 from shared.kube import ApiError, Kube, path_of
+from shared.pods import LABEL_MANAGED, LABEL_PACKAGE, MANAGED_BY
 from shared.streaming import TooLate
 
 _log = logging.getLogger("nodewright.nodeshell")
@@ -169,19 +169,15 @@ async def apply(
     nodes: NodePort,
     objects: ObjectPort,
     bus: EventPort,
-    prepare: Callable[[], Awaitable[bool]] | None = None,
     written: Callable[[], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> float | None:
     """Carry out ``decision``; return when to look at the key again (None: when something
-    changes). ``prepare`` runs before the node write and any object; False stops there
-    (looked at again shortly). ``written`` is called once the node write landed (what it
+    changes). ``written`` is called once the node write landed (what it
     recorded happened, once: a stale write of another replica does not land). ``clock`` times
     the create window, ``now`` pods' ages."""
     where = {"nodewright": decision.cr, "node": decision.node}
-    if prepare is not None and not await prepare():
-        return STALE_RETRY_S
     # Pods too young to delete are left for a later pass, and do not ask for the fence
     # write on their own: a finished pod waits MIN_POD_AGE_S, and every change of the node
     # meanwhile (dozens) otherwise cost a precondition-only PATCH each (issue 15).
@@ -199,8 +195,8 @@ async def apply(
     if decision.patches_node:
         current = str(cached["metadata"]["resourceVersion"])
         version = decision.observed_version or current
-        # A node that changed since the decision (seen while ``prepare`` ran) is not sent
-        # the write the API server would refuse: the key is decided again at once.
+        # A node that changed since the decision (the cache moved on while the shell read or
+        # waited) is not sent the write the API server would refuse: decided again at once.
         body = node_patch(decision, version, unpublished, had_outbox=bool(held))
         if version != current or not await nodes.patch(decision.node, body):
             _log.info("Skipped stale Node write", extra=where)
@@ -384,20 +380,32 @@ class KubeNodes:
 @dataclass
 class KubeObjects:
     """:class:`ObjectPort` over the API server; created pods are written through to the
-    pod informer (and ``on_pod``) so the next pass does not create them again."""
+    pod informer (and ``on_pod``) so the next pass does not create them again.
+
+    With ``config_maps`` (:func:`package_config_maps`), a package ConfigMap the cache holds
+    is not created again: a package with a ``configMap`` otherwise cost a POST answered 409
+    for every stage and check pod on every node after the first (issue 15). One the cache
+    does not hold yet (just made by another replica or service) is still only an
+    AlreadyExists; one someone deleted leaves the cache, and the next pod recreates it."""
 
     kube: Kube
     namespace: str
     pods: Informer | None = None
     on_pod: Callable[[JSON | None, JSON | None], None] | None = None
+    config_maps: Informer | None = None
 
     async def create(self, body: JSON) -> bool:
         plural = "pods" if body.get("kind") == "Pod" else "configmaps"
+        cache = self.config_maps if plural == "configmaps" else None
+        if cache is not None and cache.get(f"{self.namespace}/{body['metadata']['name']}"):
+            return False
         created: Any = await self.kube.create_if_absent(
             path_of(plural=plural, namespace=self.namespace), body
         )
         if created is None:
             return False
+        if cache is not None:
+            cache.observe(created)
         if plural == "pods":
             if self.pods is not None:
                 self.pods.observe(created)
@@ -421,6 +429,32 @@ class KubeObjects:
                 return False  # another object of that name, or changed since: decide again
             raise
         return True
+
+
+PACKAGE_CONFIG_MAPS: Final = f"{LABEL_MANAGED}={MANAGED_BY},{LABEL_PACKAGE}"
+"""Label selector of the package ConfigMaps the executor and the validator create."""
+
+
+def presence_only(obj: JSON) -> JSON:
+    """What the package ConfigMap cache keeps of one: its metadata, not its files (up to
+    1 MiB each, and only their existence is asked about)."""
+    meta = obj.get("metadata") or {}
+    return {
+        "metadata": {
+            k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta
+        }
+    }
+
+
+def package_config_maps(controller: Controller[Any], namespace: str) -> Informer:
+    """The cache of package ConfigMaps for :class:`KubeObjects` (no key is woken by them)."""
+    return controller.watch(
+        path_of(plural="configmaps", namespace=namespace),
+        label_selector=PACKAGE_CONFIG_MAPS,
+        to_keys=lambda old, new: (),
+        transform=presence_only,
+        name="package-configmaps",
+    )
 
 
 class Stream(Protocol):

@@ -5,11 +5,12 @@ A stage pod runs on its node (``spec.nodeName``, bypassing the scheduler) as one
 container running ``python -m agent <stage>`` with the host's ``/`` at ``/host``, the
 *package* image mounted read-only at ``/nodewright-package`` as an image volume (so package
 images need no shell: ``FROM scratch`` works; Kubernetes >= 1.35 with a runtime supporting
-image volumes), the CR's configMap at ``/nodewright-config`` and the node's metadata
-ConfigMap (the node's labels and annotations and the NodeWright's packages, written by the
-executor before it creates a stage pod) at ``/nodewright-node-metadata``. The pod tolerates
-the cordon, the readiness taint, NotReady/unreachable (a reboot must not evict it) and the
-CR's additional tolerations, and is owned by the NodeWright so deleting the CR removes it.
+image volumes), the CR's configMap at ``/nodewright-config`` and the node's metadata (the
+node's labels and annotations and the NodeWright's packages, :mod:`shared.nodemetadata`)
+at ``/nodewright-node-metadata``, from an annotation of the pod itself (downward API).
+The pod tolerates the cordon, the readiness taint, NotReady/unreachable (a reboot must not
+evict it) and the CR's additional tolerations, and is owned by the NodeWright so deleting
+the CR removes it.
 
 In simulation (kwok) the node's ``sim.nodewright.nvidia.com/*`` wishes are copied onto the
 pod as kwok stage annotations. Pure: returns dicts; creating them is the services' job.
@@ -17,16 +18,13 @@ pod as kwok stage annotations. Pure: returns dicts; creating them is the service
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shared import api, config as shared_config, pods
+from shared import api, config as shared_config, nodemetadata, pods
 from shared.config import PackageStaging
-from shared.nodestate import DOMAIN
 from shared.progress import Desired
 
 SIM = "sim.nodewright.nvidia.com"
@@ -37,19 +35,8 @@ SIM_IMAGE_PULL_ERROR = f"{SIM}/image-pull-error"
 _PACKAGE_MOUNT = "/nodewright-package"
 _CONFIG_MOUNT = "/nodewright-config"
 NODE_METADATA_MOUNT = "/nodewright-node-metadata"
-"""Where stage and check pods mount the node metadata ConfigMap (the agent's default
+"""Where stage and check pods mount the node's metadata (the agent's default
 ``NODEWRIGHT_NODE_METADATA_DIR``)."""
-NODE_METADATA_KEY = "node.json"
-"""The node metadata ConfigMap's only key: one JSON document (docs/packages.md)."""
-NODE_METADATA_ROLE = "node-metadata"
-"""``pods.LABEL_ROLE`` of node metadata ConfigMaps."""
-LABEL_NODE = f"{DOMAIN}/node"
-"""Label naming the node of a node metadata ConfigMap (see :func:`node_label`); the full
-node name is in the annotation ``pods.ANN_NODE``."""
-NODE_METADATA_SELECTOR = (
-    f"{pods.LABEL_MANAGED}={pods.MANAGED_BY},{pods.LABEL_ROLE}={NODE_METADATA_ROLE}"
-)
-_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 
 
 @dataclass(frozen=True)
@@ -152,24 +139,6 @@ def config_map_name(cr: str, package: str, digest: str) -> str:
     return f"{cr}-{package}-{digest}"[:253]
 
 
-def node_metadata_name(cr: str, node: str) -> str:
-    """``<cr>-<node>-metadata-<hash>``, at most 63 characters: node names may be 253 long
-    and contain dots, so the readable part is cut and the hash keeps (CR, node) unique."""
-    digest = hashlib.sha256("\0".join([NODE_METADATA_ROLE, cr, node]).encode()).hexdigest()[:10]
-    suffix = f"-metadata-{digest}"
-    readable = re.sub(r"[^a-z0-9-]", "-", f"{cr}-{node}".lower())[: 63 - len(suffix)].strip("-")
-    return f"{readable}{suffix}"
-
-
-def node_label(node: str) -> str:
-    """The node's name as a label value: itself when it is one (at most 63 characters), else
-    its first 52 characters and a hash (the annotation ``pods.ANN_NODE`` has it whole)."""
-    if len(node) <= 63 and _LABEL_VALUE.fullmatch(node):
-        return node
-    digest = hashlib.sha256(node.encode()).hexdigest()[:10]
-    return f"{node[:52].rstrip('-_.')}-{digest}"
-
-
 def owner_reference(cr: api.NodeWright) -> dict[str, Any]:
     return {
         "apiVersion": api.API_VERSION,
@@ -255,7 +224,7 @@ def manifest(
     env: list[dict[str, Any]],
     package_image: str,
     config_map_ref: str = "",
-    node_metadata: bool = False,
+    node_metadata: str | None = None,
 ) -> dict[str, Any]:
     name = req.name
     annotations = {
@@ -265,6 +234,8 @@ def manifest(
     }
     if req.cycle:
         annotations[pods.ANN_CYCLE] = req.cycle
+    if node_metadata is not None:
+        annotations[nodemetadata.ANNOTATION] = node_metadata
     if settings.simulate:
         annotations.update(
             simulation_annotations(
@@ -294,14 +265,8 @@ def manifest(
     if config_map_ref:
         volumes.append({"name": "config", "configMap": {"name": config_map_ref}})
         mounts.append({"name": "config", "mountPath": _CONFIG_MOUNT, "readOnly": True})
-    if node_metadata:
-        # The executor writes it before it creates a stage pod, so a stage pod waits for it
-        # (never runs without it); a check pod (created by the validator, which does not
-        # write it) runs after its stage, when it exists, and is not held up if it does not.
-        source: dict[str, Any] = {"name": node_metadata_name(cr.metadata.name, node)}
-        if req.role == "check":
-            source["optional"] = True
-        volumes.append({"name": "node-metadata", "configMap": source})
+    if node_metadata is not None:
+        volumes.append(nodemetadata.volume("node-metadata"))
         mounts.append({"name": "node-metadata", "mountPath": NODE_METADATA_MOUNT, "readOnly": True})
     spec: dict[str, Any] = {
         "nodeName": node,
@@ -354,9 +319,11 @@ def stage_pod(
     node: str,
     node_annotations: Mapping[str, str],
     settings: PodSettings,
+    node_metadata: str,
 ) -> dict[str, Any]:
     """A package stage pod (apply, upgrade, config, post-interrupt, uninstall) or a stage
-    check pod (role ``check``: the agent runs ``<stage>-check``)."""
+    check pod (role ``check``: the agent runs ``<stage>-check``). ``node_metadata`` is the
+    ``node.json`` its steps see (:func:`shared.nodemetadata.text` of the node as decided on)."""
     assert req.desired is not None
     d = req.desired
     env: list[dict[str, Any]] = [api.to_dict(e) for e in d.spec.env]
@@ -381,7 +348,7 @@ def stage_pod(
         env=env,
         package_image=d.image,
         config_map_ref=cm,
-        node_metadata=True,
+        node_metadata=node_metadata,
     )
 
 

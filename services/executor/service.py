@@ -4,33 +4,31 @@ For each (NodeWright, node) key it reads the cached CR, node and NodeWright pods
 node, asks :func:`services.executor.core.decide` what to do, builds the pod manifests and
 hands the decision to the shared per-node shell (:func:`shared.nodeshell.apply`), which
 writes the node's executor record (with the node's resourceVersion as precondition, also
-before it creates pods when the record does not change), then — this service's own step —
-brings the node's metadata ConfigMap up to date (:mod:`services.executor.metadata`: created
-before the first stage pod, rewritten whenever its content differs, deleted once the
-NodeWright is gone; the garbage collector deletes it with the Node), creates the package
-ConfigMap and pods (AlreadyExists is success: names are deterministic), deletes finished
-pods, and publishes the stage events. Any replica may handle any key; the precondition and
+before it creates pods when the record does not change), creates the package ConfigMap and
+pods (AlreadyExists is success: names are deterministic; each stage pod carries the node's
+metadata as it was decided on, :mod:`shared.nodemetadata`), deletes finished pods, and
+publishes the stage events. Any replica may handle any key; the precondition and
 deterministic names make a double run harmless. Once the NodeWright is gone the executor
 removes its own record, unless it still tracks installed packages (``core.forget``).
 
-Keys that only have a metadata ConfigMap (a node done and released) keep it current and
-nothing else: the core decides only for nodes the executor is responsible for (admitted,
-carrying recovery requests or the executor's record, or running NodeWright pods).
+The core decides only for nodes the executor is responsible for (admitted, carrying
+recovery requests or the executor's record, or running NodeWright pods).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import msgspec
 
-from services.executor import core, metadata
+from services.executor import core
 from services.executor.config import Settings
 from shared import (
     api,
     durations,
+    nodemetadata,
     nodeshell,
     nodestate,
     pods,
@@ -43,7 +41,7 @@ from shared import (
 from shared.controller import Controller, NodeKey, PodIndex, node_unchanged, status_only
 from shared.decisions import NodeDecision, Remove, Write
 from shared.informer import Informer, slim_node
-from shared.kube import JSON, ApiError, path_of
+from shared.kube import JSON, path_of
 from shared.records.executor import ExecutorRecord
 
 NAME = "executor"
@@ -61,9 +59,6 @@ class Executor:
     def __init__(self, ctx: runtime.ServiceContext, settings: Settings) -> None:
         self.ctx = ctx
         self._decode_cr = api.Decoded(api.NodeWright)
-        self._metadata_checked: dict[NodeKey, tuple[int, str]] = {}
-        """(NodeWright, node) -> (metadata.fingerprint, the ConfigMap's resourceVersion) when
-        the ConfigMap was last found or made to say what it should."""
         self.settings = settings.pods
         self.pod_settings = manifests.PodSettings.of(
             namespace=ctx.settings.namespace, config=self.settings
@@ -80,7 +75,6 @@ class Executor:
             workers=settings.workers,
         )
         self.pod_index = PodIndex()
-        self.metadata_index = MetadataIndex()
         c = self.controller
         self.crs: Informer = c.watch(NODEWRIGHTS, to_keys=self._cr_keys, name="nodewrights")
         self.nodes: Informer = c.watch(
@@ -92,13 +86,6 @@ class Executor:
             to_keys=self.pod_index.to_keys,
             also=self.pod_index.on_change,
             name="pods",
-        )
-        self.config_maps: Informer = c.watch(
-            path_of(plural="configmaps", namespace=ctx.settings.namespace),
-            label_selector=manifests.NODE_METADATA_SELECTOR,
-            to_keys=self.metadata_index.to_keys,
-            also=self.metadata_index.on_change,
-            name="node-metadata",
         )
         c.consume(
             streaming.ConsumerSpec(
@@ -112,14 +99,18 @@ class Executor:
         )
         self.node_port = nodeshell.KubeNodes(ctx.kube, self.nodes)
         self.object_port = nodeshell.KubeObjects(
-            ctx.kube, ctx.settings.namespace, pods=self.pods, on_pod=self.pod_index.on_change
+            ctx.kube,
+            ctx.settings.namespace,
+            pods=self.pods,
+            on_pod=self.pod_index.on_change,
+            config_maps=nodeshell.package_config_maps(c, ctx.settings.namespace),
         )
         self.bus_port = nodeshell.BusEvents(self.publisher)
 
     # ---- key mapping ------------------------------------------------------------------
 
     def all_keys(self) -> Iterable[NodeKey]:
-        keys: set[NodeKey] = self.pod_index.keys() | self.metadata_index.keys()
+        keys: set[NodeKey] = self.pod_index.keys()
         for node in self.nodes.values():
             name = node["metadata"]["name"]
             keys.update((cr, name) for cr in self._crs_on(node))
@@ -154,7 +145,7 @@ class Executor:
             return []
         name = obj["metadata"]["name"]
         crs = {cr for o in (old, new) if o for cr in self._crs_on(o)}
-        return [(cr, name) for cr in crs | self.metadata_index.crs_on(name)]
+        return [(cr, name) for cr in crs]
 
     def _responsible(self, key: NodeKey, node: JSON) -> bool:
         """The core decides for this key: the node is admitted or carries recovery requests
@@ -180,11 +171,9 @@ class Executor:
         cr_name, node_name = key
         raw_cr, raw_node = self.crs.get(cr_name), self.nodes.get(node_name)
         if raw_node is None:
-            return None  # its pods and metadata ConfigMaps are garbage-collected with it
+            return None  # its pods are garbage-collected with it
         if raw_cr is None:
-            # Pods are garbage-collected with the CR; the metadata ConfigMap is the Node's,
-            # and the record is this service's to remove.
-            await self._drop_metadata(key)
+            # Pods are garbage-collected with the CR; the record is this service's to remove.
             gone = core.forget(progress.facts(raw_node, cr_name), cr_name)
             return await self._apply(cr_name, raw_node, gone, [], [])
         try:
@@ -195,7 +184,7 @@ class Executor:
             )
             return None
         if not self._responsible(key, raw_node):
-            return None if await self._sync_metadata(cr, raw_node, needed=False) else 0.5
+            return None
         facts = progress.facts(raw_node, cr_name)
         node_pods = [
             pods.view(p)
@@ -214,6 +203,7 @@ class Executor:
         annotations = nodestate.annotations_of(raw_node)
         config_maps: list[JSON] = []
         bodies: list[JSON] = []
+        seen = nodemetadata.text(cr, raw_node) if decision.create else ""
         for req in decision.create:
             if req.role == "interrupt":
                 bodies.append(
@@ -238,13 +228,9 @@ class Executor:
                     node=node_name,
                     node_annotations=annotations,
                     settings=self.pod_settings,
+                    node_metadata=seen,
                 )
             )
-        stage_pods = any(req.role == "stage" for req in decision.create)
-
-        async def metadata_first() -> bool:
-            # No stage pod before its metadata: the next pass creates both.
-            return await self._sync_metadata(cr, raw_node, needed=stage_pods)
 
         def observe() -> None:
             # Once per result: the write recording it landed.
@@ -253,9 +239,7 @@ class Executor:
                 if took is not None:
                     self._stage_seconds.labels(*took[0]).observe(took[1])
 
-        return await self._apply(
-            cr_name, raw_node, decision, config_maps, bodies, metadata_first, observe
-        )
+        return await self._apply(cr_name, raw_node, decision, config_maps, bodies, observe)
 
     def _log_decision(
         self, cr: str, node: str, before: ExecutorRecord, decision: core.Decision
@@ -283,7 +267,6 @@ class Executor:
         decision: core.Decision,
         config_maps: list[JSON],
         bodies: list[JSON],
-        prepare: Callable[[], Awaitable[bool]] | None = None,
         written: Callable[[], None] | None = None,
     ) -> float | None:
         """Carry out the core's decision through the shared per-node shell. Pods are only
@@ -309,102 +292,8 @@ class Executor:
             nodes=self.node_port,
             objects=self.object_port,
             bus=self.bus_port,
-            prepare=prepare,
             written=written,
         )
-
-    # ---- the node metadata ConfigMap ----------------------------------------------------
-
-    async def _sync_metadata(self, cr: api.NodeWright, node: JSON, *, needed: bool) -> bool:
-        """Create the node's metadata ConfigMap when ``needed`` (a stage pod follows) and it
-        does not exist; rewrite it when it exists and says something else than it should.
-        False when the write met a concurrent change: the caller retries on fresh data."""
-        ns = self.ctx.settings.namespace
-        key = (cr.metadata.name, _name_of(node))
-        name = manifests.node_metadata_name(*key)
-        current = self.config_maps.get(f"{ns}/{name}")
-        if current is None and not needed:
-            return True
-        # Checked already for what the node and the NodeWright say now, and nobody changed
-        # the ConfigMap since: building and comparing the document again would be all.
-        seen = (metadata.fingerprint(cr, node), _version_of(current))
-        if current is not None and self._metadata_checked.get(key) == seen:
-            return True
-        desired = metadata.config_map(cr=cr, node=node, namespace=ns)
-        path = path_of(plural="configmaps", namespace=ns)
-        where = {"configmap": name, "nodewright": cr.metadata.name, "node": key[1]}
-        try:
-            if current is None:
-                created = await self.ctx.kube.create_if_absent(path, desired)
-                if created is not None:
-                    self._observe_metadata(created)
-                    self._metadata_checked[key] = (seen[0], _version_of(created))
-                    _log.info("Created ConfigMap", extra=where)
-                    return True
-                current = await self.ctx.kube.get(f"{path}/{name}")  # the cache is behind
-            body = metadata.replacement(desired, current)
-            if body is None:
-                self._metadata_checked[key] = (seen[0], _version_of(current))
-                return True
-            updated = await self.ctx.kube.replace(f"{path}/{name}", body)
-        except ApiError as exc:
-            if exc.conflict or exc.not_found:
-                return False  # changed or deleted meanwhile (the garbage collector, a person)
-            raise
-        self._observe_metadata(updated)
-        self._metadata_checked[key] = (seen[0], _version_of(updated))
-        _log.info("Updated ConfigMap", extra=where)
-        return True
-
-    async def _drop_metadata(self, key: NodeKey) -> None:
-        """Delete the metadata ConfigMap of a CR that is gone (the Node still owns it)."""
-        self._metadata_checked.pop(key, None)
-        ns = self.ctx.settings.namespace
-        name = manifests.node_metadata_name(*key)
-        if self.config_maps.get(f"{ns}/{name}") is None:
-            return
-        path = path_of(plural="configmaps", namespace=ns, name=name)
-        if await self.ctx.kube.delete_if_present(path):
-            _log.info("Deleted ConfigMap", extra={"configmap": name, "nodewright": key[0]})
-
-    def _observe_metadata(self, obj: JSON) -> None:
-        old = self.config_maps.get(f"{obj['metadata']['namespace']}/{obj['metadata']['name']}")
-        self.config_maps.observe(obj)
-        self.metadata_index.on_change(old, obj)
-
-
-def _name_of(node: JSON) -> str:
-    return str(node["metadata"]["name"])
-
-
-def _version_of(obj: JSON | None) -> str:
-    return str((obj or {}).get("metadata", {}).get("resourceVersion") or "")
-
-
-class MetadataIndex:
-    """Node metadata ConfigMaps by (cr, node), kept up to date from their informer."""
-
-    def __init__(self) -> None:
-        self._crs_by_node: dict[str, set[str]] = {}
-
-    def keys(self) -> set[NodeKey]:
-        return {(cr, node) for node, crs in self._crs_by_node.items() for cr in crs}
-
-    def crs_on(self, node: str) -> set[str]:
-        return set(self._crs_by_node.get(node, ()))
-
-    def to_keys(self, old: JSON | None, new: JSON | None) -> list[NodeKey]:
-        key = metadata.key_of(new or old or {})
-        return [key] if key else []
-
-    def on_change(self, old: JSON | None, new: JSON | None) -> None:
-        if old is not None and (key := metadata.key_of(old)) is not None:
-            crs = self._crs_by_node.get(key[1], set())
-            crs.discard(key[0])
-            if not crs:
-                self._crs_by_node.pop(key[1], None)
-        if new is not None and (key := metadata.key_of(new)) is not None:
-            self._crs_by_node.setdefault(key[1], set()).add(key[0])
 
 
 async def build(ctx: runtime.ServiceContext) -> None:

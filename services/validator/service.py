@@ -32,6 +32,7 @@ from services.validator.config import Settings
 from shared import (
     api,
     health,
+    nodemetadata,
     nodeshell,
     nodestate,
     pods,
@@ -102,7 +103,11 @@ class Validator:
         )
         self.node_port = nodeshell.KubeNodes(ctx.kube, self.nodes)
         self.object_port = nodeshell.KubeObjects(
-            ctx.kube, ctx.settings.namespace, pods=self.pods, on_pod=self.pod_index.on_change
+            ctx.kube,
+            ctx.settings.namespace,
+            pods=self.pods,
+            on_pod=self.pod_index.on_change,
+            config_maps=nodeshell.package_config_maps(c, ctx.settings.namespace),
         )
         self.bus_port = nodeshell.BusEvents(self.publisher)
 
@@ -265,6 +270,7 @@ class Validator:
         ns = self.ctx.settings.namespace
         config_maps: list[JSON] = []
         bodies: list[JSON] = []
+        seen = nodemetadata.text(cr, raw_node) if decision.create else ""
         for req in decision.create:
             d = req.desired
             assert d is not None
@@ -277,6 +283,7 @@ class Validator:
                     node=node_name,
                     node_annotations=annotations,
                     settings=self.pod_settings,
+                    node_metadata=seen,
                 )
             )
         return await self._apply(cr_name, raw_node, decision, config_maps, bodies)

@@ -1,6 +1,6 @@
-"""The node metadata ConfigMap reaches package steps: the agent copies the mounted ConfigMap
-(as the executor writes it, in a ConfigMap volume's layout) next to the staged package on
-the host and names it in ``NODEWRIGHT_NODE_METADATA_DIR``."""
+"""The node's metadata reaches package steps: the agent copies the mounted ``node.json`` (as
+the services put it in a pod, in the layout the kubelet gives a downward API volume) next to
+the staged package on the host and names it in ``NODEWRIGHT_NODE_METADATA_DIR``."""
 
 from __future__ import annotations
 
@@ -9,17 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from services.executor import metadata
-from shared import podspec
+from shared import nodemetadata
 from tests.agent.harness import Node, sh, write_package
 from tests.helpers.facts import node as node_object, nodewright
 
 pytestmark = pytest.mark.timeout(120, func_only=True)
 
 
-def mounted_config_map(directory: Path, data: dict[str, str]) -> Path:
-    """``data`` laid out like a ConfigMap volume: the keys are symlinks through ``..data``
-    into a timestamped directory (neither of which may be staged)."""
+def mounted_volume(directory: Path, data: dict[str, str]) -> Path:
+    """``data`` laid out like a downward API (or ConfigMap) volume: the files are symlinks
+    through ``..data`` into a timestamped directory (neither of which may be staged)."""
     stamp = directory / "..2026_01_01_00_00_00.000000001"
     stamp.mkdir(parents=True)
     for key, text in data.items():
@@ -30,11 +29,10 @@ def mounted_config_map(directory: Path, data: dict[str, str]) -> Path:
     return directory
 
 
-def executor_data(gpu: str) -> dict[str, str]:
-    """What the executor writes for a node labelled with ``gpu`` as its GPU model."""
+def pod_data(gpu: str) -> dict[str, str]:
+    """What a pod on a node labelled with ``gpu`` as its GPU model mounts."""
     obj = node_object("gpu-7.example.internal", labels={"nvidia.com/gpu.product": gpu})
-    cm = metadata.config_map(cr=nodewright(), node=obj, namespace="nodewright-system")
-    return dict(cm["data"])
+    return {nodemetadata.FILE: nodemetadata.text(nodewright(), obj)}
 
 
 def branching_package(node: Node, directory: Path) -> Path:
@@ -68,8 +66,8 @@ ls -a "$NODEWRIGHT_NODE_METADATA_DIR" | tr '\\n' ' ' >> {scratch}/seen; echo >> 
 def test_steps_and_checks_read_the_node_metadata_staged_on_the_host(
     node: Node, tmp_path: Path
 ) -> None:
-    data = executor_data("NVIDIA-A100-SXM4-80GB")
-    mounted = mounted_config_map(tmp_path / "meta", data)
+    data = pod_data("NVIDIA-A100-SXM4-80GB")
+    mounted = mounted_volume(tmp_path / "meta", data)
     pkg = branching_package(node, tmp_path / "pkg")
     env = {"NODEWRIGHT_NODE_METADATA_DIR": str(mounted)}
 
@@ -85,8 +83,8 @@ def test_steps_and_checks_read_the_node_metadata_staged_on_the_host(
         f"apply-check dir={staged} model=a100",
         ". .. node.json ",
     ]
-    on_host = node.host(f"{staged}/{podspec.NODE_METADATA_KEY}")
-    assert on_host.read_text() == data[podspec.NODE_METADATA_KEY]
+    on_host = node.host(f"{staged}/{nodemetadata.FILE}")
+    assert on_host.read_text() == data[nodemetadata.FILE]
     assert not on_host.is_symlink()
     assert json.loads(on_host.read_text())["labels"]["nvidia.com/gpu.product"] == (
         "NVIDIA-A100-SXM4-80GB"
@@ -95,8 +93,8 @@ def test_steps_and_checks_read_the_node_metadata_staged_on_the_host(
 
 def test_each_run_stages_the_metadata_as_mounted_now(node: Node, tmp_path: Path) -> None:
     pkg = branching_package(node, tmp_path / "pkg")
-    first = mounted_config_map(tmp_path / "a100", executor_data("NVIDIA-A100-SXM4-80GB"))
-    second = mounted_config_map(tmp_path / "h100", executor_data("NVIDIA-H100-80GB-HBM3"))
+    first = mounted_volume(tmp_path / "a100", pod_data("NVIDIA-A100-SXM4-80GB"))
+    second = mounted_volume(tmp_path / "h100", pod_data("NVIDIA-H100-80GB-HBM3"))
 
     node.run("apply", pkg, "--node-metadata-dir", str(first))
     node.run("apply", pkg, "--node-metadata-dir", str(second))

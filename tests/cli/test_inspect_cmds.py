@@ -186,7 +186,9 @@ async def _stage_pod(
         name=name,
     )
     settings = podspec.PodSettings(namespace=namespace, agent_image="registry.example/agent:1")
-    body = podspec.stage_pod(req, cr=cr, node=node, node_annotations={}, settings=settings)
+    body = podspec.stage_pod(
+        req, cr=cr, node=node, node_annotations={}, settings=settings, node_metadata="{}"
+    )
     await kapi.create(path_of(plural="pods", namespace=namespace), body)
     return name
 

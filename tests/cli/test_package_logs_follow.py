@@ -220,7 +220,9 @@ async def test_follow_prints_a_running_pods_log_lines_as_they_are_written(
             name=name,
         )
         settings = podspec.PodSettings(namespace=namespace, agent_image="registry.example/agent:1")
-        body = podspec.stage_pod(req, cr=cr, node=node, node_annotations={}, settings=settings)
+        body = podspec.stage_pod(
+            req, cr=cr, node=node, node_annotations={}, settings=settings, node_metadata="{}"
+        )
         assert body["spec"]["containers"][0]["name"] == "agent"
         await kapi.create(path_of(plural="pods", namespace=namespace), body)
 

@@ -550,6 +550,7 @@ def test_stage_pods_get_the_node_order_of_the_admission(order: int | None, env: 
         node="n1",
         node_annotations={},
         settings=podspec.PodSettings(namespace="nw", agent_image="registry.example/agent:1"),
+        node_metadata="{}",
     )
     values = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert values.get("NODEWRIGHT_NODE_ORDER") == env

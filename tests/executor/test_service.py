@@ -1,6 +1,6 @@
-"""The executor service against the real rig: the node metadata ConfigMap it writes for the
-stage pods, kept current with the node, deleted with its NodeWright by the executor and with
-its Node by the real garbage collector (kube-controller-manager).
+"""The executor service against the real rig: the stage pod it creates carries the node's
+metadata (an annotation of its own, mounted with the downward API), as the API server
+stores it, and nothing else is written for it.
 
 The executor runs in-process through ``shared.runtime.serve``; the scheduler is simulated by
 writing its annotation on the node (a non-disruptive admission: no drain needed). The stage
@@ -27,9 +27,9 @@ from nodewright.manifests import NODEWRIGHTS, install_crds
 from nodewright.rig import Rig, nodes
 from services.executor import service
 from services.executor.config import Settings
-from shared import api, nodestate, pods, podspec, progress, runtime, streaming
+from shared import api, nodemetadata, nodestate, pods, progress, runtime, streaming
 from shared.config import HealthSettings, KubeSettings, NatsSettings, PodSettings
-from shared.kube import ApiError, Kube, path_of
+from shared.kube import Kube, path_of
 from shared.records.scheduler import Selection
 from tests.helpers.waiting import eventually
 
@@ -94,28 +94,8 @@ class Harness:
     async def patch_node(self, node: str, body: dict[str, Any]) -> None:
         await self.kapi.patch(path_of(plural="nodes", name=node), body)
 
-    def config_maps(self, name: str | None = None) -> str:
-        return path_of(plural="configmaps", namespace=self.namespace, name=name)
-
-    async def config_map(self, cr: api.NodeWright, node: str) -> dict[str, Any] | None:
-        try:
-            return await self.kapi.get(
-                self.config_maps(podspec.node_metadata_name(cr.metadata.name, node))
-            )
-        except ApiError as exc:
-            if exc.not_found:
-                return None
-            raise
-
-    async def document(self, cr: api.NodeWright, node: str) -> dict[str, Any]:
-        cm = await self.config_map(cr, node)
-        assert cm is not None
-        doc: dict[str, Any] = json.loads(cm["data"][podspec.NODE_METADATA_KEY])
-        return doc
-
-    async def gpu(self, cr: api.NodeWright, node: str) -> str:
-        """The node's GPU model label as the ConfigMap has it."""
-        return str((await self.document(cr, node))["labels"][GPU_LABEL])
+    def config_maps(self) -> str:
+        return path_of(plural="configmaps", namespace=self.namespace)
 
     async def stage_pods(self, cr: api.NodeWright) -> list[dict[str, Any]]:
         listed = await self.kapi.get(
@@ -189,12 +169,6 @@ async def watching(kapi: Kube, path: str, selector: str) -> AsyncIterator[list[d
         await asyncio.gather(task, return_exceptions=True)
 
 
-def _rv(obj: dict[str, Any]) -> int:
-    # resourceVersions are opaque to clients, but the rig has one etcd, whose revision they
-    # are: one order over every object, which is what "before" means here.
-    return int(obj["metadata"]["resourceVersion"])
-
-
 def _ours(key: str) -> bool:
     prefix = key.rpartition("/")[0]
     return prefix == nodestate.DOMAIN or prefix.endswith("." + nodestate.DOMAIN)
@@ -236,7 +210,7 @@ async def executor(
     assert failures == [], "the executor logged errors"
 
 
-async def test_the_metadata_config_map_precedes_the_stage_pod_follows_the_node_and_goes_with_it(
+async def test_the_stage_pod_carries_the_nodes_metadata_and_nothing_else_is_written_for_it(
     executor: Harness,
 ) -> None:
     h = executor
@@ -245,116 +219,51 @@ async def test_the_metadata_config_map_precedes_the_stage_pod_follows_the_node_a
     selector = f"{pods.LABEL_CR}={cr.metadata.name}"
     async with (
         watching(h.kapi, h.config_maps(), selector) as cm_events,
-        watching(h.kapi, path_of(plural="pods", namespace=h.namespace), selector) as pod_events,
+        running_executor(h.settings),
     ):
-        async with running_executor(h.settings):
-            await h.select(cr, node)
-            (pod,) = await eventually(lambda: h.stage_pods(cr), timeout_s=30, what="the apply pod")
-            cm = await h.config_map(cr, node)
-            assert cm is not None, "no stage pod without its node metadata"
-
-            # Written before the pod was created.
-            await eventually(lambda: _added(pod_events), timeout_s=10, what="the pod's ADDED")
-            (cm_added,) = [e["object"] for e in cm_events if e["type"] == "ADDED"]
-            (pod_added,) = [e["object"] for e in pod_events if e["type"] == "ADDED"]
-            assert _rv(cm_added) < _rv(pod_added)
-
-            # Mounted read-only by the stage pod.
-            (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "node-metadata"]
-            source = {"name": cm["metadata"]["name"], "defaultMode": 0o644}  # the server's default
-            assert volume["configMap"] == source, "a stage pod waits for it: not optional"
-            mount = {
-                "name": "node-metadata",
-                "mountPath": "/nodewright-node-metadata",
-                "readOnly": True,
-            }
-            assert mount in pod["spec"]["containers"][0]["volumeMounts"]
-
-            # The node's labels and foreign annotations, the CR's packages; owned by the Node.
-            obj = await h.kapi.get(path_of(plural="nodes", name=node))
-            meta = obj["metadata"]
-            assert await h.document(cr, node) == {
-                "name": node,
-                "labels": meta["labels"],
-                "annotations": {k: v for k, v in meta["annotations"].items() if not _ours(k)},
-                "nodewright": cr.metadata.name,
-                "packages": {
-                    "tool": {
-                        "name": "tool",
-                        "version": "1.0.0",
-                        "image": "registry.example/tool:1.0.0",
-                    }
-                },
-            }
-            assert meta["labels"][GPU_LABEL] == A100
-            assert meta["annotations"]["example.com/rack"] == "r12"
-            assert cm["metadata"]["ownerReferences"] == [
-                {"apiVersion": "v1", "kind": "Node", "name": node, "uid": meta["uid"]}
-            ]
-            assert cm["metadata"]["labels"][podspec.LABEL_NODE] == node
-
-            # NodeWright's own annotations do not rewrite it; a label does, once.
-            await h.patch_node(node, {"metadata": {"annotations": {f"{nodestate.DOMAIN}/x": "1"}}})
-            await h.patch_node(node, {"metadata": {"labels": {GPU_LABEL: H100}}})
-
-            async def relabelled() -> bool:
-                return await h.gpu(cr, node) == H100
-
-            await eventually(relabelled, timeout_s=30, what="the new label in the ConfigMap")
-        # Stopped: every write it was going to make is made (the stop waits for them).
-        writes = [e["type"] for e in cm_events if e["type"] != "ADDED"]
-        assert writes == ["MODIFIED"]
-
-        # The executor is stopped: only the garbage collector can delete it now.
-        assert await h.config_map(cr, node) is not None
-        await h.kapi.delete(path_of(plural="nodes", name=node))
-
-        async def collected() -> bool:
-            return await h.config_map(cr, node) is None
-
-        await eventually(collected, timeout_s=60, what="the garbage collector to delete it")
-
-        async def deleted_seen() -> bool:
-            return bool(cm_events) and cm_events[-1]["type"] == "DELETED"
-
-        # The watch delivers the deletion a moment after a GET no longer finds it.
-        await eventually(deleted_seen, timeout_s=30, what="the DELETED watch event")
-
-
-async def _added(seen: list[dict[str, Any]]) -> bool:
-    return any(e["type"] == "ADDED" for e in seen)
-
-
-async def test_a_released_node_keeps_it_current_and_it_goes_with_the_nodewright(
-    executor: Harness,
-) -> None:
-    h = executor
-    node = await h.node("b")
-    cr = await h.nodewright()
-    async with running_executor(h.settings):
-        await h.select(cr, node)
-        await eventually(lambda: h.stage_pods(cr), timeout_s=30, what="the apply pod")
-
-        # Released (the executor then deletes its pod): the ConfigMap still follows the node.
-        await h.release(cr, node)
-
-        async def no_pods() -> bool:
-            return await h.stage_pods(cr) == []
-
-        await eventually(no_pods, timeout_s=30, what="the pod to be deleted after release")
+        # NodeWright's own annotations are left out; a label set before the pod is in.
+        await h.patch_node(node, {"metadata": {"annotations": {f"{nodestate.DOMAIN}/x": "1"}}})
         await h.patch_node(node, {"metadata": {"labels": {GPU_LABEL: H100}}})
+        await h.select(cr, node)
+        (pod,) = await eventually(lambda: h.stage_pods(cr), timeout_s=30, what="the apply pod")
 
-        async def relabelled() -> bool:
-            return await h.gpu(cr, node) == H100
+        # Mounted read-only by the stage pod, from its own annotation (as stored: the
+        # API server fills in the defaults).
+        (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "node-metadata"]
+        field_path = f"metadata.annotations['{nodemetadata.ANNOTATION}']"
+        assert volume["downwardAPI"] == {
+            "items": [
+                {"path": "node.json", "fieldRef": {"apiVersion": "v1", "fieldPath": field_path}}
+            ],
+            "defaultMode": 0o644,
+        }
+        mount = {
+            "name": "node-metadata",
+            "mountPath": "/nodewright-node-metadata",
+            "readOnly": True,
+        }
+        assert mount in pod["spec"]["containers"][0]["volumeMounts"]
 
-        await eventually(relabelled, timeout_s=30, what="the new label in the ConfigMap")
-
-        # The NodeWright goes (no finalizer without the scheduler): the executor deletes it,
-        # although its owner, the Node, is still there.
-        await h.kapi.delete(f"{NODEWRIGHTS}/{cr.metadata.name}")
-
-        async def deleted() -> bool:
-            return await h.config_map(cr, node) is None
-
-        await eventually(deleted, timeout_s=30, what="the executor to delete it")
-    assert (await h.kapi.get(path_of(plural="nodes", name=node)))["metadata"]["name"] == node
+        # The node's labels and foreign annotations, the CR's packages.
+        obj = await h.kapi.get(path_of(plural="nodes", name=node))
+        meta = obj["metadata"]
+        text = pod["metadata"]["annotations"][nodemetadata.ANNOTATION]
+        assert json.loads(text) == {
+            "name": node,
+            "labels": meta["labels"],
+            "annotations": {k: v for k, v in meta["annotations"].items() if not _ours(k)},
+            "nodewright": cr.metadata.name,
+            "packages": {
+                "tool": {
+                    "name": "tool",
+                    "version": "1.0.0",
+                    "image": "registry.example/tool:1.0.0",
+                }
+            },
+        }
+        assert meta["labels"][GPU_LABEL] == H100
+        assert meta["annotations"]["example.com/rack"] == "r12"
+        assert f"{nodestate.DOMAIN}/x" in meta["annotations"]
+    # Stopped: every write it was going to make is made (the stop waits for them).
+    listed = await h.kapi.get(h.config_maps(), labelSelector=selector)
+    assert (listed["items"], cm_events) == ([], []), "nothing but the pod for the metadata"

@@ -3,7 +3,6 @@ what it writes, in which order, and what it does when the node changed under it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -32,13 +31,10 @@ def _event(n: int) -> events.Event:
 
 
 async def _apply(
-    decision: NodeDecision,
-    nodes: FakeNodes,
-    *,
-    prepare: Callable[[], Awaitable[bool]] | None = None,
+    decision: NodeDecision, nodes: FakeNodes
 ) -> tuple[float | None, FakeObjects, FakeBus]:
     objects, bus = FakeObjects(), FakeBus()
-    got = await nodeshell.apply(decision, nodes=nodes, objects=objects, bus=bus, prepare=prepare)
+    got = await nodeshell.apply(decision, nodes=nodes, objects=objects, bus=bus)
     return got, objects, bus
 
 
@@ -199,13 +195,11 @@ async def test_a_node_that_changed_meanwhile_gets_nothing_created_or_published()
     assert (objects.created, bus.published) == ([], [])
 
 
-async def test_a_decision_on_a_node_that_changed_while_prepare_ran_writes_and_creates_nothing() -> (
-    None
-):
+async def test_a_decision_on_a_node_that_changed_since_writes_and_creates_nothing() -> None:
     """Two executor replicas each started the same stage under a name of its own: one
-    decided on the node without the other's record, created the metadata ConfigMap
-    (``prepare``), and by then its cache held the other's write, whose version its patch
-    carried. The precondition is the version decided on."""
+    decided on the node without the other's record, and by the time its shell wrote, its
+    cache held the other's write, whose version its patch carried. The precondition is the
+    version decided on."""
     nodes = _nodes()
     decided_on = str(nodes.nodes["n1"]["metadata"]["resourceVersion"])
     decision = NodeDecision(
@@ -219,11 +213,8 @@ async def test_a_decision_on_a_node_that_changed_while_prepare_ran_writes_and_cr
         observed_version=decided_on,
     )
 
-    async def other_replica_writes_meanwhile() -> bool:
-        nodes.touch("n1")
-        return True
-
-    got, objects, bus = await _apply(decision, nodes, prepare=other_replica_writes_meanwhile)
+    nodes.touch("n1")  # the other replica's write, in the cache after the decision
+    got, objects, bus = await _apply(decision, nodes)
     assert got == nodeshell.STALE_RETRY_S
     assert nodes.patches == [], "no write carrying the newer version"
     assert (objects.created, bus.published) == ([], [])
@@ -413,26 +404,6 @@ async def test_removing_a_record_deletes_its_annotation_and_only_it() -> None:
     annotations = nodes.nodes["n1"]["metadata"]["annotations"]
     assert nodestate.key(nodestate.VALIDATOR, CR) not in annotations
     assert nodestate.key(nodestate.EXECUTOR, CR) in annotations
-
-
-async def test_a_prepare_step_that_fails_stops_before_any_write() -> None:
-    nodes = _nodes()
-    decision = NodeDecision(
-        owner=nodestate.EXECUTOR,
-        cr=CR,
-        node="n1",
-        fence=True,
-        config_maps=({"kind": "ConfigMap", "metadata": {"name": "cm"}},),
-        create=(_pod("apply"),),
-    )
-
-    async def refused() -> bool:
-        return False
-
-    got, objects, _ = await _apply(decision, nodes, prepare=refused)
-    assert got == nodeshell.STALE_RETRY_S
-    assert objects.created == []
-    assert nodes.patches == [], "the create window starts at the write, after prepare"
 
 
 async def test_an_existing_pod_is_success_and_config_maps_come_first() -> None:

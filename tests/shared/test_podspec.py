@@ -28,7 +28,9 @@ def _stage_pod(settings: podspec.PodSettings) -> dict[str, Any]:
         desired=d,
         name="p",
     )
-    return podspec.stage_pod(req, cr=cr, node="n1", node_annotations={}, settings=settings)
+    return podspec.stage_pod(
+        req, cr=cr, node="n1", node_annotations={}, settings=settings, node_metadata="{}"
+    )
 
 
 def _volumes(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -9,9 +9,8 @@ from typing import Any
 
 import msgspec
 
-from services.executor import metadata
 from services.status import service as status_service
-from shared import nodestate, progress
+from shared import nodemetadata, nodestate, progress
 from shared.informer import LAST_APPLIED, slim_node
 from shared.records.drainer import DrainRecord
 from shared.records.scheduler import Selection
@@ -72,7 +71,7 @@ def test_a_slim_node_answers_every_service_as_the_whole_one() -> None:
     del unapplied["metadata"]["annotations"][LAST_APPLIED]  # read by nobody
     assert status_service._signature(slim) == status_service._signature(unapplied)
     cr = nodewright()
-    assert metadata.document(cr, slim) == metadata.document(cr, whole), "what packages see"
+    assert nodemetadata.document(cr, slim) == nodemetadata.document(cr, whole), "what packages see"
     assert slim["spec"] == whole["spec"]
     assert slim["metadata"]["labels"] == whole["metadata"]["labels"]
     kept = dict(whole["metadata"]["annotations"])

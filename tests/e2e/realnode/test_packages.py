@@ -280,6 +280,48 @@ async def test_a_failing_step_reports_its_real_exit_code_and_output(
     assert "disk full" in done.out
 
 
+async def test_steps_and_checks_read_the_nodes_metadata_from_their_pod(
+    rig: Rig, cluster: Kube, services: Services, real_node: RealNode, tmp_path: Path
+) -> None:
+    """docs/packages.md "Node metadata" on a real kubelet: the pod's own annotation, mounted
+    with the downward API, staged by the agent on the host, read by a step and a check."""
+    kapi, node = cluster, real_node.name
+    model = "NVIDIA-A100-SXM4-80GB"
+    await kapi.patch(
+        f"{NODES}/{node}",
+        {"metadata": {"labels": {"nvidia.com/gpu.product": model}}},
+    )
+    stages = {
+        "apply": {
+            "steps": [{"name": "keep", "path": "keep.sh"}],
+            "check": [{"name": "model", "path": "model.sh"}],
+        }
+    }
+    meta = '"$NODEWRIGHT_NODE_METADATA_DIR/node.json"'
+    keep = f"#!/bin/sh\nset -e\nmkdir -p /etc/meta\ncp {meta} /etc/meta/\n"
+    check = f'#!/bin/sh\ngrep -q \'"nvidia.com/gpu.product": "{model}"\' {meta}\n'
+    pkg = _package(
+        tmp_path, "meta", "1.0.0", stages=stages, steps={"keep.sh": keep, "model.sh": check}
+    )
+    await _load(real_node, pkg, "registry.example/meta:1.0.0", tmp_path)
+    await asyncio.to_thread(services.fleet.start_all)
+    await manifests.apply(
+        kapi, _cr("meta", {"meta": {"version": "1.0.0", "image": "registry.example/meta"}})
+    )
+    await _wait_ready(kapi, "meta", "the package that reads the node's metadata")
+
+    seen = json.loads(_host(real_node, "/etc/meta/node.json").read_text())
+    assert seen["name"] == node
+    assert seen["labels"]["nvidia.com/gpu.product"] == model
+    assert seen["nodewright"] == "meta"
+    assert seen["packages"] == {
+        "meta": {"name": "meta", "version": "1.0.0", "image": "registry.example/meta:1.0.0"}
+    }
+    assert not any(k.startswith("nodewright.nvidia.com/") for k in seen["annotations"])
+    # The check ran against the same file (it fails without the label: nothing to pass it).
+    assert (await _executor(kapi, node, "meta")).packages["meta"].installed == "1.0.0"
+
+
 async def test_a_missing_step_file_is_named_before_anything_runs(
     rig: Rig, cluster: Kube, services: Services, real_node: RealNode, tmp_path: Path
 ) -> None:
