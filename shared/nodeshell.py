@@ -467,6 +467,8 @@ class Stream(Protocol):
 
     async def last_id(self, subject: str) -> str | None: ...
 
+    async def ids_on(self, subject: str) -> set[str]: ...
+
 
 @dataclass
 class BusEvents:
@@ -476,9 +478,11 @@ class BusEvents:
     holds (:data:`KNOWN_PER_NODE`), so a pass over an outbox already published costs nothing.
     An event older than JetStream's deduplication window (less a margin) that this process
     does not know about (it restarted, or another replica published it long ago) is looked
-    up first: the last message on its subject. Re-published blindly, it would be stored
-    twice. A blind publish that NATS held back until the event crossed that age is given up
-    (:class:`Unpublished`): the next pass looks it up."""
+    up first: the last message on its subject, and, when that is another event, every
+    message on the subject (another replica may have carried it forward and published it
+    with later ones). Re-published blindly, it would be stored twice. A blind publish that
+    NATS held back until the event crossed that age is given up (:class:`Unpublished`): the
+    next pass looks it up."""
 
     publisher: Stream
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
@@ -514,9 +518,12 @@ class BusEvents:
             raise Unpublished(repr(exc)) from exc
 
     async def _on_stream(self, todo: Sequence[events.Event]) -> tuple[set[str], set[str]]:
-        """The ids among the old events of ``todo`` the stream holds, and the ids looked up:
-        by subject, the last message there and every event of ``todo`` before it on that
-        subject (published in order)."""
+        """The ids among the old events of ``todo`` the stream holds, and the ids looked up.
+        By subject: when the last message there is one of them, it and every event of
+        ``todo`` before it on that subject (published in order); when it is another, the
+        ids of the subject's messages. That other may be an earlier event (then these were
+        not published) or a later one: a replica that did not know these published carried
+        them into its own write, published them and then its own events (CI, issue 15)."""
         cutoff = self.publisher.duplicate_window_s - DEDUPE_MARGIN_S
         at = self.now()
         by_subject: dict[str, list[str]] = {}
@@ -528,4 +535,7 @@ class BusEvents:
             last = await self.publisher.last_id(subject)
             if last in ids:
                 held.update(ids[: ids.index(last) + 1])
+            elif last is not None:
+                stored = await self.publisher.ids_on(subject)
+                held.update(i for i in ids if i in stored)
         return held, {i for ids in by_subject.values() for i in ids}

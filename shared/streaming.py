@@ -60,6 +60,10 @@ HEADER_DELIVERIES = "Nodewright-Deliveries"
 
 _PUBLISH_ATTEMPTS = 8
 _PUBLISH_TIMEOUT_S = 5.0
+SUBJECT_SCAN_LIMIT: Final = 4096
+"""At most this many messages of one subject are read by :meth:`Publisher.ids_on`: a
+subject is one kind of event about one node and NodeWright, a few per rollout, kept for
+the stream's ``max_age``."""
 
 
 ATTEMPT_SPAN: Final = timedelta(seconds=_PUBLISH_TIMEOUT_S)
@@ -181,6 +185,25 @@ class Publisher:
         headers = msg.headers or {}
         found = headers.get("Nats-Msg-Id")
         return str(found) if found else None
+
+    async def ids_on(self, subject: str) -> set[str]:
+        """The ``Nats-Msg-Id`` of every message the stream holds on ``subject``, oldest
+        first, one request each (at most :data:`SUBJECT_SCAN_LIMIT`: beyond, the newest are
+        missing and an old event may be published again)."""
+        ids: set[str] = set()
+        seq = 1
+        for _ in range(SUBJECT_SCAN_LIMIT):
+            try:
+                msg = await self._js.get_msg(self._stream, seq=seq, subject=subject, next=True)
+            except nats.js.errors.NotFoundError:
+                break
+            found = (msg.headers or {}).get("Nats-Msg-Id")
+            if found:
+                ids.add(str(found))
+            if msg.seq is None:
+                break
+            seq = msg.seq + 1
+        return ids
 
 
 # ---- consuming ------------------------------------------------------------------------------

@@ -68,6 +68,24 @@ async def test_a_republished_event_is_stored_once_and_names_with_dots_survive(bu
     assert address == subjects.Address(cr="gpu.tuning", node="node-1.example", kind="node.selected")
 
 
+async def test_the_ids_on_a_subject_are_every_message_there_and_the_last_is_the_newest(
+    bus: Bus,
+) -> None:
+    """What :class:`shared.nodeshell.BusEvents` looks up for an event older than the
+    deduplication window: the last message on its subject, and every one there."""
+    publisher = streaming.Publisher(bus, source="test")
+    first, second = _selected(n=1), _selected(n=2)
+    other = _selected(node="node-2.example", n=3)  # another node: another subject
+    for event in (first, other, second):
+        assert await publisher.publish(event)
+    assert first.subject == second.subject != other.subject
+    assert await publisher.last_id(first.subject) == second.id
+    assert await publisher.ids_on(first.subject) == {first.id, second.id}
+    assert await publisher.ids_on(other.subject) == {other.id}
+    nowhere = _selected(node="node-3.example").subject
+    assert (await publisher.last_id(nowhere), await publisher.ids_on(nowhere)) == (None, set())
+
+
 async def test_handler_outcomes_ack_retry_and_dead_letter(bus: Bus) -> None:
     publisher = streaming.Publisher(bus, source="test")
     seen: list[tuple[int, int]] = []

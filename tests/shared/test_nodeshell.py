@@ -448,6 +448,7 @@ class _Stream:
     def __init__(self) -> None:
         self.stored: list[events.Event] = []
         self.lookups: list[str] = []
+        self.scans: list[str] = []
         self.sends_by: list[datetime | None] = []
         self.down = False
         self.now = T0
@@ -465,6 +466,10 @@ class _Stream:
         self.lookups.append(subject)
         on = [e for e in self.stored if e.subject == subject]
         return on[-1].id if on else None
+
+    async def ids_on(self, subject: str) -> set[str]:
+        self.scans.append(subject)
+        return {e.id for e in self.stored if e.subject == subject}
 
 
 def _validated(n: int, age_s: float) -> events.Event:
@@ -492,6 +497,30 @@ async def test_the_bus_looks_up_old_events_it_does_not_know_and_remembers_what_i
     port2 = nodeshell.BusEvents(stream, now=lambda: T0)
     lost = _validated(3, 900)
     await port2.settle([lost])
+    assert [e.id for e in stream.stored] == ["v1", "v2", "v3"]
+
+
+async def test_an_old_event_followed_on_its_subject_by_a_later_one_is_not_stored_twice() -> None:
+    """CI, 200 nodes under kills and a NATS partition: a replica's outbox still held an old
+    stage.started after another replica, which did not know it published, carried it into
+    its next write and published it and the next stage.started (same subject: kind and
+    node). The last message on the subject was that later event, not the old one, and the
+    old one was published again, out of JetStream's window: stored twice."""
+    stream = _Stream()
+    old, later = _validated(1, 600), _validated(2, 300)
+    stream.stored += [old, later]
+    port = nodeshell.BusEvents(stream, now=lambda: T0)
+    await port.settle([old])
+    assert [e.id for e in stream.stored] == ["v1", "v2"], "not stored twice"
+    assert stream.scans == [old.subject], "the subject's messages are read when the last differs"
+    assert port.delivered(old)
+    # Only then: an old event that is last on its subject costs one look-up, no read.
+    port = nodeshell.BusEvents(stream, now=lambda: T0)
+    await port.settle([later])
+    assert stream.scans == [old.subject]
+    # And one the subject does not hold is published, after the messages that are there.
+    lost = _validated(3, 900)
+    await nodeshell.BusEvents(stream, now=lambda: T0).settle([lost])
     assert [e.id for e in stream.stored] == ["v1", "v2", "v3"]
 
 
