@@ -1,9 +1,10 @@
 """The validating admission webhook for NodeWright and DeploymentPolicy: TLS, certificates, wiring.
 
 :func:`serve_webhook` serves AdmissionReview v1 over HTTPS with aiohttp and keeps itself
-reachable: it owns a self-signed CA and serving certificate (made with ``cryptography``, kept in
-a Secret so every replica serves the same chain and the caBundle survives restarts), writes
-the caBundle and rules into the ValidatingWebhookConfiguration it owns (failurePolicy Fail, a
+reachable: it owns a self-signed CA and serving certificate (made by ``pki``, kept in a
+Secret with what they say, ``certs.CertFacts``, so every replica serves the same chain, the
+caBundle survives restarts and no replica parses X.509 to know when to renew), writes the
+caBundle and rules into the ValidatingWebhookConfiguration it owns (failurePolicy Fail, a
 short timeout), renews the serving certificate before it expires and re-asserts the
 configuration periodically, so a chart upgrade that blanks the caBundle heals itself.
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import ssl
@@ -32,12 +32,9 @@ from urllib.parse import urlsplit
 import aiohttp
 import msgspec
 from aiohttp import web
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from services.validator import admission
+from services.validator.certs import CertBundle, CertFacts
 from shared import api
 from shared.kube import ApiError, Kube, path_of
 
@@ -49,6 +46,8 @@ _VWC_PATH: Final = path_of(
     group="admissionregistration.k8s.io", plural="validatingwebhookconfigurations"
 )
 _CA_KEY: Final = "ca.key"
+_FACTS: Final = "nodewright.nvidia.com/certificate"
+"""Annotation of the certificate Secret: its :class:`CertFacts` (expiry, hosts, digest)."""
 _STARTUP_BACKOFF_MAX_S: Final = 5.0
 _T = TypeVar("_T")
 
@@ -93,115 +92,6 @@ class WebhookSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
 
 # ---- certificates -------------------------------------------------------------------------
 
-_CA_VALIDITY: Final = timedelta(days=3650)
-# Clocks of the API server and the webhook may disagree a little.
-_BACKDATE: Final = timedelta(minutes=5)
-
-
-class CertBundle(msgspec.Struct, frozen=True, kw_only=True):
-    """PEM-encoded CA and serving certificate with their keys."""
-
-    ca_cert: bytes
-    ca_key: bytes
-    cert: bytes
-    key: bytes
-
-    def expires(self) -> datetime:
-        serving = x509.load_pem_x509_certificate(self.cert).not_valid_after_utc
-        ca = x509.load_pem_x509_certificate(self.ca_cert).not_valid_after_utc
-        return min(serving, ca)
-
-    def covers(self, hosts: tuple[str, ...]) -> bool:
-        """The serving certificate names every one of ``hosts``."""
-        cert = x509.load_pem_x509_certificate(self.cert)
-        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        names = {*sans.get_values_for_type(x509.DNSName)}
-        names |= {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)}
-        return set(hosts) <= names
-
-
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def issue(
-    hosts: tuple[str, ...], *, now: datetime, validity: timedelta, ca: CertBundle | None = None
-) -> CertBundle:
-    """A serving certificate for ``hosts`` signed by ``ca``'s CA, or by a new CA when None."""
-    if ca is None:
-        ca_key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nodewright-validator-ca")])
-        ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
-        ca_cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(ca_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _BACKDATE)
-            .not_valid_after(now + _CA_VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(ski, critical=False)
-            .sign(ca_key, hashes.SHA256())
-        )
-        ca = CertBundle(
-            ca_cert=ca_cert.public_bytes(serialization.Encoding.PEM),
-            ca_key=_key_pem(ca_key),
-            cert=b"",
-            key=b"",
-        )
-    signer = serialization.load_pem_private_key(ca.ca_key, password=None)
-    assert isinstance(signer, ec.EllipticCurvePrivateKey)
-    issuer = x509.load_pem_x509_certificate(ca.ca_cert)
-    key = ec.generate_private_key(ec.SECP256R1())
-    sans: list[x509.GeneralName] = []
-    for host in hosts:
-        try:
-            sans.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            sans.append(x509.DNSName(host))
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-        .issuer_name(issuer.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _BACKDATE)
-        .not_valid_after(min(now + validity, issuer.not_valid_after_utc))
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer.public_key()),  # type: ignore[arg-type]
-            critical=False,
-        )
-        .sign(signer, hashes.SHA256())
-    )
-    return CertBundle(
-        ca_cert=ca.ca_cert,
-        ca_key=ca.ca_key,
-        cert=cert.public_bytes(serialization.Encoding.PEM),
-        key=_key_pem(key),
-    )
-
 
 def hosts_for(settings: WebhookSettings) -> tuple[str, ...]:
     """The names the serving certificate must carry: the Service's DNS names and the URL host."""
@@ -222,13 +112,16 @@ def _needs_new(bundle: CertBundle | None, settings: WebhookSettings, now: dateti
 
 
 def _renewed(bundle: CertBundle | None, settings: WebhookSettings, now: datetime) -> CertBundle:
+    # Only here is a certificate made: cryptography is loaded for it (services.validator.pki).
+    from services.validator import pki
+
     ca = bundle
     if ca is not None:
-        ca_expires = x509.load_pem_x509_certificate(ca.ca_cert).not_valid_after_utc
+        ca_expires = ca.described().ca_expires
         if now >= ca_expires - timedelta(days=settings.renew_before_days):
             # A new CA changes the caBundle; rare (the CA lives 10 years), and self-healing.
             ca = None
-    return issue(
+    return pki.issue(
         hosts_for(settings),
         now=now,
         validity=timedelta(days=settings.cert_validity_days),
@@ -315,12 +208,19 @@ class _SecretStore:
         self._refs = list(secret["metadata"].get("ownerReferences") or [])
         await self._adopt(secret)
         data: Mapping[str, str] = secret.get("data") or {}
+        said = (secret["metadata"].get("annotations") or {}).get(_FACTS)
+        facts = None
+        if said:
+            # Wrong or stale facts cost nothing but a parse: their digest must match.
+            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                facts = msgspec.json.decode(said, type=CertFacts)
         try:
             return CertBundle(
                 ca_cert=b64decode(data["ca.crt"]),
                 ca_key=b64decode(data[_CA_KEY]),
                 cert=b64decode(data["tls.crt"]),
                 key=b64decode(data["tls.key"]),
+                facts=facts,
             )
         except (KeyError, ValueError):
             _log.warning(
@@ -337,6 +237,7 @@ class _SecretStore:
             "metadata": {
                 "name": self._name,
                 "labels": {"app.kubernetes.io/managed-by": "nodewright-validator"},
+                "annotations": {_FACTS: msgspec.json.encode(bundle.described()).decode()},
                 **({"ownerReferences": refs} if (refs := await self._refs_to_write()) else {}),
             },
             "data": {

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import ssl
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,7 +23,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from services.validator import webhook
+from services.validator import pki, webhook
+from services.validator.certs import CertBundle, CertFacts
 from shared import api
 from shared.kube import ApiError
 from tests.api.test_models import EXAMPLE
@@ -31,7 +34,7 @@ SETTINGS = webhook.WebhookSettings(url="https://127.0.0.1:{port}", cert_secret="
 
 
 def test_the_serving_certificate_is_signed_by_the_ca_and_names_the_hosts() -> None:
-    bundle = webhook.issue(("127.0.0.1", "svc.ns.svc"), now=NOW, validity=timedelta(days=30))
+    bundle = pki.issue(("127.0.0.1", "svc.ns.svc"), now=NOW, validity=timedelta(days=30))
     ca = x509.load_pem_x509_certificate(bundle.ca_cert)
     cert = x509.load_pem_x509_certificate(bundle.cert)
     cert.verify_directly_issued_by(ca)
@@ -43,11 +46,48 @@ def test_the_serving_certificate_is_signed_by_the_ca_and_names_the_hosts() -> No
     assert isinstance(key, ec.EllipticCurvePublicKey)
 
 
+def test_an_issued_bundle_is_described_and_facts_about_other_certificates_are_not_believed() -> (
+    None
+):
+    bundle = pki.issue(("127.0.0.1", "svc.ns.svc"), now=NOW, validity=timedelta(days=30))
+    assert bundle.facts is not None
+    assert bundle.facts == pki.facts_of(bundle)
+    assert bundle.facts.hosts == ("svc.ns.svc", "127.0.0.1")
+    assert bundle.facts.ca_expires == NOW + timedelta(days=3650)
+    # Facts written for another chain (a hand-edited Secret): read from the certificates.
+    other = pki.issue(("elsewhere",), now=NOW, validity=timedelta(days=1))
+    lying = msgspec.structs.replace(bundle, facts=other.facts)
+    assert lying.described() == bundle.facts
+    assert lying.covers(("svc.ns.svc",))
+    assert lying.expires() == NOW + timedelta(days=30)
+
+
+def test_a_described_bundle_is_judged_without_loading_cryptography(tmp_path: Path) -> None:
+    """Issue 15: ``cryptography`` adds about 9 MB to the validator; a replica that loads a
+    described chain from its Secret never imports it, nor does importing the service."""
+    bundle = pki.issue(("svc.ns.svc",), now=NOW, validity=timedelta(days=30))
+    saved = tmp_path / "bundle.json"
+    saved.write_bytes(msgspec.json.encode(bundle))
+    script = f"""
+import sys, msgspec
+import services.validator.service
+from services.validator.certs import CertBundle
+b = msgspec.json.decode(open({str(saved)!r}, "rb").read(), type=CertBundle)
+assert b.covers(("svc.ns.svc",)) and b.expires().year == 2030
+loaded = sorted(m for m in sys.modules if m.split(".")[0] == "cryptography")
+assert not loaded, loaded
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    undescribed = msgspec.structs.replace(bundle, facts=None)
+    assert undescribed.described() == bundle.facts, "read from the certificates instead"
+    assert isinstance(bundle.facts, CertFacts)
+    assert isinstance(undescribed, CertBundle)
+
+
 def test_reissuing_with_a_ca_keeps_the_ca() -> None:
-    first = webhook.issue(("a",), now=NOW, validity=timedelta(days=30))
-    second = webhook.issue(
-        ("a",), now=NOW + timedelta(days=29), validity=timedelta(days=30), ca=first
-    )
+    first = pki.issue(("a",), now=NOW, validity=timedelta(days=30))
+    second = pki.issue(("a",), now=NOW + timedelta(days=29), validity=timedelta(days=30), ca=first)
     assert second.ca_cert == first.ca_cert
     assert second.cert != first.cert
 
@@ -63,7 +103,7 @@ def test_reissuing_with_a_ca_keeps_the_ca() -> None:
 def test_renewal_is_due_near_expiry_or_for_new_hosts(
     age: timedelta, hosts_change: bool, renew: bool
 ) -> None:
-    bundle = webhook.issue(
+    bundle = pki.issue(
         webhook.hosts_for(SETTINGS), now=NOW, validity=timedelta(days=SETTINGS.cert_validity_days)
     )
     settings = (
@@ -254,7 +294,7 @@ async def test_garbage_is_a_bad_request(
 
 
 async def test_the_tls_chain_verifies_for_the_url_host(tmp_path: Path) -> None:
-    bundle = webhook.issue(
+    bundle = pki.issue(
         webhook.hosts_for(SETTINGS), now=datetime.now(UTC), validity=timedelta(days=2)
     )
     hook = webhook.Webhook(port=0, bundle=bundle, files=tmp_path)
@@ -273,7 +313,7 @@ async def test_the_tls_chain_verifies_for_the_url_host(tmp_path: Path) -> None:
             async with session.post(url, json=_review("CREATE", EXAMPLE), ssl=trust) as resp:
                 assert (await resp.json())["response"]["allowed"] is True
             other = ssl.create_default_context(
-                cadata=webhook.issue(("x",), now=NOW, validity=timedelta(days=1)).ca_cert.decode()
+                cadata=pki.issue(("x",), now=NOW, validity=timedelta(days=1)).ca_cert.decode()
             )
             with pytest.raises(aiohttp.ClientConnectorCertificateError):
                 await session.post(url, json={}, ssl=other)

@@ -18,7 +18,8 @@ import pytest
 import yaml
 from aiohttp import web
 
-from services.validator.webhook import CertBundle, issue
+from services.validator.certs import CertBundle
+from services.validator.pki import issue
 from shared import kubeaccess
 from shared.config import KubeSettings
 from shared.kube import ApiError, connect

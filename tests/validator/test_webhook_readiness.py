@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from services.validator import service
-from services.validator.webhook import CertBundle, Webhook
+from services.validator.certs import CertBundle
+from services.validator.webhook import Webhook
 from shared import health
 
 
