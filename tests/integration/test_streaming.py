@@ -4,6 +4,7 @@ and recovery from a server restart."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -13,7 +14,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from nodewright.rig import Rig
-from shared import events, streaming, subjects
+from shared import bus as shared_bus, events, streaming, subjects
 from shared.bus import Bus
 from shared.config import NatsSettings
 from tests.helpers.waiting import eventually
@@ -139,6 +140,50 @@ async def test_handler_outcomes_ack_retry_and_dead_letter(bus: Bus) -> None:
     assert [d for b, d in seen if b == 3] == [1], "a rejected event is never redelivered"
     assert [d for b, d in seen if b == 4] == [1, 2, 3], "retries stop at max_deliver"
     assert letters == {"permanently wrong", "gave up after retries: never works"}
+
+
+async def test_closing_after_a_consumer_fetched_is_prompt_and_sends_what_is_buffered(
+    rig: Rig, bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A service's stop: its consumer fetched events, then the connection closes. Drained,
+    nats-py waited for the fetched messages to be marked done, which a pull subscription
+    never does: 5 s more on every stop, and a cancelled gather asyncio logged as an error.
+    A publish still buffered when the connection closes reaches the stream."""
+    handled: list[int] = []
+
+    async def handler(event: events.AnyEvent, delivery: streaming.Delivery) -> streaming.Outcome:
+        assert isinstance(event, events.NodeSelected)
+        handled.append(event.batch)
+        return streaming.Ack()
+
+    publisher = streaming.Publisher(bus, source="test")
+    for n in (1, 2, 3):
+        await publisher.publish(_selected(n=n))
+    stopping = asyncio.Event()
+    late = _selected(n=4)
+    async with shared_bus.connect(bus.settings, name="closing", stopping=stopping) as mine:
+        consumer = streaming.Consumer(
+            bus=mine,
+            spec=streaming.ConsumerSpec(
+                durable="closing", filter_subjects=(subjects.kind_filter("node.selected"),)
+            ),
+            handler=handler,
+            service="closing",
+            stopping=stopping,
+        )
+        task = await _run(consumer)
+        await eventually(lambda: _contains(handled, 3), timeout_s=30, what="the events handled")
+        await _stop(consumer, task)
+        # Not awaited: still in the client's buffer when the connection closes.
+        await mine.nc.publish(late.subject, events.encode(late))
+        started = asyncio.get_running_loop().time()
+    took = asyncio.get_running_loop().time() - started
+    gc.collect()  # an unretrieved future is reported when it is collected
+    assert took < 2.0, f"closing took {took:.1f} s: it waited for a drain"
+    never = [r.getMessage() for r in caplog.records if "never retrieved" in r.getMessage()]
+    assert never == []
+    info = await bus.js.stream_info(bus.settings.stream)
+    assert info.state.messages == 4, "the buffered publish was sent before closing"
 
 
 async def test_a_malformed_payload_is_dead_lettered_and_the_consumer_keeps_going(bus: Bus) -> None:
