@@ -134,10 +134,28 @@ class Controller(Generic[K]):
 
     async def _run_queue(self) -> None:
         # Reconciling from a half-filled cache would take wrong decisions (e.g. budgets).
-        await self.synced()
+        if not await self._synced_unless_stopping():
+            self.queue.close()  # stopped before the caches filled: nothing will run
+            return
         await self.queue.run(
             self.reconcile, workers=self.workers, stopping=self.ctx.supervisor.stopping
         )
+
+    async def _synced_unless_stopping(self) -> bool:
+        """Wait for the caches to fill; False if the service stops first (an API server
+        that does not answer must not hold the stop for the whole grace period)."""
+        filled = asyncio.create_task(self.synced(), name=f"{self.name}-synced")
+        stopped = asyncio.create_task(self.ctx.supervisor.stopping.wait())
+        try:
+            done, _ = await asyncio.wait((filled, stopped), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (filled, stopped):
+                task.cancel()
+            await asyncio.gather(filled, stopped, return_exceptions=True)
+        if filled in done:
+            filled.result()  # a cache that never filled is the service's failure
+            return True
+        return False
 
     async def _resync(self) -> None:
         await self.synced()

@@ -83,7 +83,10 @@ class WorkQueue(Generic[K]):
         return len(self._queued) + len(self._active)
 
     async def reconcile_now(self, key: K) -> bool:
-        """Queue ``key`` and wait for a reconcile that starts after now; True if it succeeded."""
+        """Queue ``key`` and wait for a reconcile that starts after now; True if it succeeded,
+        False if it failed or the queue stopped before it ran (:meth:`close`)."""
+        if self._closing:
+            return False
         loop = asyncio.get_running_loop()
         # A round already running started before this call: only a later one counts.
         waiter = _Waiter(future=loop.create_future(), after_round=self._rounds.get(key, 0))
@@ -120,6 +123,18 @@ class WorkQueue(Generic[K]):
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            self.close()
+
+    def close(self) -> None:
+        """No reconcile runs any more: every waiter still waiting is answered False at once
+        (an event handler then leaves its event unacked, to be delivered again), instead of
+        holding its consumer, and the service's stop, until the grace period ends."""
+        self._closing = True
+        for waiters in self._waiters.values():
+            for waiter in waiters:
+                if not waiter.future.done():
+                    waiter.future.set_result(False)
+        self._waiters.clear()
 
     async def _timer_loop(self) -> None:
         while True:

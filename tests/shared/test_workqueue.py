@@ -112,3 +112,34 @@ async def test_failures_are_retried_with_backoff_and_requeue_after_is_honoured()
     await _stop(task)
     assert calls["flaky"] == 3
     assert calls["later"] == 2
+
+
+async def test_a_waiter_whose_key_cannot_run_any_more_is_answered_false_when_the_queue_stops() -> (
+    None
+):
+    """A service's stop: the key of an event being handled is queued behind one in progress
+    when the queue stops taking keys. Its handler learns at once that it did not run (the
+    event stays unacked, to be delivered again) instead of waiting out the grace period."""
+    queue: WorkQueue[str] = WorkQueue("t")
+    stopping = asyncio.Event()
+    gate = asyncio.Event()
+    started = asyncio.Event()
+    ran: list[str] = []
+
+    async def reconcile(key: str) -> None:
+        ran.append(key)
+        started.set()
+        await gate.wait()
+
+    task = asyncio.create_task(queue.run(reconcile, workers=1, stopping=stopping))
+    busy = asyncio.create_task(queue.reconcile_now("a"))
+    await started.wait()  # the only worker is busy with "a"
+    behind = asyncio.create_task(queue.reconcile_now("b"))
+    await _idle()
+    stopping.set()
+    gate.set()  # the run in progress finishes; no new one starts
+    await asyncio.wait_for(task, timeout=5)
+    assert await busy is True
+    assert await asyncio.wait_for(behind, timeout=1) is False
+    assert ran == ["a"]
+    assert await queue.reconcile_now("c") is False, "a stopped queue answers at once"
