@@ -86,6 +86,7 @@ class Executor:
             to_keys=self.pod_index.to_keys,
             also=self.pod_index.on_change,
             name="pods",
+            transform=nodemetadata.slim_pod,
         )
         c.consume(
             streaming.ConsumerSpec(

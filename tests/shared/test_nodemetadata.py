@@ -171,3 +171,13 @@ def test_the_interrupt_pod_does_not_mount_it() -> None:
     pod = _pod("interrupt")
     assert _metadata_mount(pod) == ([], [])
     assert nodemetadata.ANNOTATION not in pod["metadata"]["annotations"]
+
+
+def test_the_pod_caches_keep_neither_the_document_nor_managed_fields() -> None:
+    pod = _pod("stage")
+    pod["metadata"]["managedFields"] = [{"manager": "kubelet"}]
+    kept = {k: v for k, v in pod["metadata"]["annotations"].items() if k != nodemetadata.ANNOTATION}
+    slim = nodemetadata.slim_pod(pod)
+    assert slim["metadata"]["annotations"] == kept
+    assert "managedFields" not in slim["metadata"]
+    assert kept, "the pod's own annotations (version, attempt, node) stay"
