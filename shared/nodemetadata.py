@@ -35,6 +35,10 @@ FILE: Final = "node.json"
 """The document's file name in the mounted directory."""
 LEFT_OUT_ANNOTATIONS: Final = frozenset({"kubectl.kubernetes.io/last-applied-configuration"})
 """Annotations never copied besides NodeWright's own (see the module docstring)."""
+MAX_TEXT: Final = 192 * 1024
+"""The most ``node.json`` may take: the API server refuses a pod whose annotations exceed
+256 KiB in all, and a node's own annotations may take up to that. Above it, the node's
+annotations are left out (``annotationsOmitted``), so the pod is never refused for it."""
 
 
 def nodewright_owned(key: str) -> bool:
@@ -68,8 +72,17 @@ def document(cr: api.NodeWright, node: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def text(cr: api.NodeWright, node: Mapping[str, Any]) -> str:
-    """``node.json`` as the file reads: the document, indented, keys sorted, one final newline."""
-    return json.dumps(document(cr, node), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    """``node.json`` as the file reads: the document, indented, keys sorted, one final
+    newline; without the node's annotations when it would exceed :data:`MAX_TEXT`."""
+    doc = document(cr, node)
+    said = _dumps(doc)
+    if len(said.encode()) > MAX_TEXT:
+        said = _dumps({**doc, "annotations": {}, "annotationsOmitted": True})
+    return said
+
+
+def _dumps(doc: Mapping[str, Any]) -> str:
+    return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def volume(name: str) -> dict[str, Any]:

@@ -181,3 +181,17 @@ def test_the_pod_caches_keep_neither_the_document_nor_managed_fields() -> None:
     assert slim["metadata"]["annotations"] == kept
     assert "managedFields" not in slim["metadata"]
     assert kept, "the pod's own annotations (version, attempt, node) stay"
+
+
+def test_a_node_with_annotations_too_large_for_a_pod_gets_the_document_without_them() -> None:
+    """The API server refuses a pod whose annotations exceed 256 KiB; a node's own may come
+    close. The stage must still run: the node's annotations are left out, and said so."""
+    big = _node()
+    big["metadata"]["annotations"]["example.com/blob"] = "x" * (200 * 1024)
+    said = nodemetadata.text(nodewright(), big)
+    doc = json.loads(said)
+    assert len(said.encode()) <= nodemetadata.MAX_TEXT
+    assert doc["annotations"] == {}
+    assert doc["annotationsOmitted"] is True
+    assert doc["labels"]["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
+    assert "annotationsOmitted" not in json.loads(nodemetadata.text(nodewright(), _node()))
