@@ -318,6 +318,30 @@ def _pod_failure(pod: PodView, *, now: datetime, image_pull_grace_s: float) -> R
     return pods.start_failure(pod, now=now, grace_s=image_pull_grace_s)
 
 
+def _pod_missing_too_long(w: _Work, d: Desired, r: PackageRecord) -> bool:
+    """A running stage has had no pod for its whole timeout: every create was refused (a
+    ResourceQuota, an admission policy that forbids privileged pods, an invalid spec)."""
+    elapsed = (w.now - r.updated).total_seconds()
+    timeout = _stage_timeout(w.cr, d)
+    if elapsed < timeout:
+        w.later(max(1.0, timeout - elapsed))
+        return False
+    return True
+
+
+def _no_pod(w: _Work, d: Desired, r: PackageRecord) -> Reason:
+    timeout = _stage_timeout(w.cr, d)
+    return Reason(
+        code=reasons.STAGE_TIMEOUT,
+        message=(
+            f"stage {r.stage} of {d.name} {r.version} had no pod after {timeout}s: the API "
+            "server refused to create it (a ResourceQuota or an admission policy on privileged "
+            "pods in NodeWright's namespace?); the executor's log says why"
+        ),
+        details={"timeoutSeconds": str(timeout), "pod": "missing"},
+    )
+
+
 def _observe_stage(
     w: _Work, d: Desired, r: PackageRecord, pod: PodView | None, grace: float
 ) -> PackageRecord:
@@ -467,6 +491,9 @@ def _packages(
         if r.state == "running":
             pod = pods_by.get(_key(r, name))
             if pod is None and may_start:
+                if _pod_missing_too_long(w, d, r):
+                    w.packages[name] = _failed(w, d, r, _no_pod(w, d, r))
+                    continue
                 _request_stage(w, d, r)  # lost or never created: same deterministic name
                 continue
             w.packages[name] = _observe_stage(w, d, r, pod, grace)

@@ -18,7 +18,7 @@ from nodewright import manifests
 from nodewright.rig import Rig, nodes
 from nodewright.rig.fleet import TOGETHER
 from shared import api, nodestate, pods, progress
-from shared.kube import Kube, path_of
+from shared.kube import ApiError, Kube, path_of
 from shared.records.scheduler import Selection
 from tests.e2e.conftest import NODES, Sampler, Services, pod_ledger, read_cr
 from tests.helpers.waiting import Pending, eventually
@@ -205,6 +205,96 @@ def _small_cr(name: str, budget: dict[str, int], **spec: Any) -> dict[str, Any]:
             **spec,
         },
     }
+
+
+async def test_a_stage_whose_pods_are_refused_fails_at_its_timeout_saying_why(
+    cluster: Kube, services: Services
+) -> None:
+    """Never stuck silently: an admission policy that forbids privileged pods in NodeWright's
+    namespace (or a ResourceQuota) makes the API server refuse every stage pod. The node
+    shows "running" only until the stage's timeout, then fails with a reason that says the
+    pod never came."""
+    kapi = cluster
+    names = await nodes.create_nodes(kapi, ["gpu-00"], labels={"nodepool": "gpu"})
+    await nodes.wait_ready(kapi, names)
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": f"no-pods-{services.namespace}"},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE"],
+                        "resources": ["pods"],
+                    }
+                ]
+            },
+            "validations": [{"expression": "false", "message": "no privileged pods here"}],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": f"no-pods-{services.namespace}"},
+        "spec": {
+            "policyName": f"no-pods-{services.namespace}",
+            "validationActions": ["Deny"],
+            "matchResources": {
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": services.namespace}
+                }
+            },
+        },
+    }
+    admission = "/apis/admissionregistration.k8s.io/v1"
+    name = f"no-pods-{services.namespace}"
+    await kapi.create(f"{admission}/validatingadmissionpolicies", policy)
+    await kapi.create(f"{admission}/validatingadmissionpolicybindings", binding)
+    try:
+        await _refused_until_the_timeout(kapi, services)
+    finally:
+        await kapi.delete_if_present(f"{admission}/validatingadmissionpolicybindings/{name}")
+        await kapi.delete_if_present(f"{admission}/validatingadmissionpolicies/{name}")
+
+
+async def _refused_until_the_timeout(kapi: Kube, services: Services) -> None:
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "probe"},
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+    }
+
+    async def refusing() -> bool:
+        try:
+            await kapi.create(path_of(plural="pods", namespace=services.namespace), probe)
+        except ApiError:
+            return True
+        await kapi.delete_if_present(
+            path_of(plural="pods", namespace=services.namespace, name="probe")
+        )
+        return False
+
+    await eventually(refusing, timeout_s=30, what="the policy to refuse pods")
+    await asyncio.to_thread(services.fleet.start_all)
+    await manifests.apply(kapi, _small_cr("refused", {"count": 1}, stageTimeoutSeconds=10))
+
+    async def failed() -> api.NodeDetail | Pending:
+        cr = await read_cr(kapi, "refused")
+        detail = next((d for d in cr.status.node_details if d.node == "gpu-00"), None)
+        if detail is not None and detail.state == "Failed":
+            return detail
+        return Pending(f"{detail}")
+
+    detail = await eventually(failed, timeout_s=120, interval_s=1, what="the node Failed")
+    assert detail.reason == "StageTimeout"
+    assert "had no pod after 10s" in detail.message
+    listed = await kapi.get(path_of(plural="pods", namespace=services.namespace))
+    assert listed["items"] == [], "the policy refused every pod"
 
 
 async def test_a_failing_package_fails_its_node_with_a_reason_and_the_budget_holds(

@@ -205,6 +205,27 @@ def test_a_stage_running_past_its_timeout_fails_and_its_pod_is_deleted() -> None
     assert d2.delete == (req.name,)
 
 
+def test_a_stage_whose_pod_never_appears_fails_at_its_timeout_with_a_reason() -> None:
+    """Never stuck silently: the API server refused every create (a quota, an admission
+    policy on privileged pods). Until the timeout the pod is asked for again; then the stage
+    fails saying so, instead of showing "running" for ever."""
+    cr = nodewright(stageTimeoutSeconds=60)
+    d1 = core.decide(cr=cr, node=_facts(), node_pods=[], now=T0)
+    req = d1.create[0]
+    early = core.decide(cr=cr, node=_facts(_rec(d1)), node_pods=[], now=T0 + timedelta(seconds=30))
+    assert [r.name for r in early.create] == [req.name], "asked for again, same name"
+    assert early.requeue_after is not None
+    assert early.requeue_after <= 30
+    late = core.decide(cr=cr, node=_facts(_rec(d1)), node_pods=[], now=T0 + timedelta(seconds=61))
+    assert late.create == ()
+    record = _rec(late).packages["nvidia-tuned"]
+    assert record.state == "failed"
+    assert record.reason is not None
+    assert record.reason.code == "StageTimeout"
+    assert "had no pod after 60s" in record.reason.message
+    assert [e.kind for e in late.publish] == ["stage.failed"]
+
+
 def test_depends_on_orders_packages_and_independent_ones_run_in_parallel() -> None:
     cr = nodewright(
         packages={

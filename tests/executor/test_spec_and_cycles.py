@@ -132,7 +132,8 @@ def test_a_reinstall_after_an_uninstall_never_reuses_the_first_installs_pod_name
     assert (a.stage, a.attempt) == (b.stage, b.attempt) == ("apply", 1)
     assert a.name != b.name
     assert a.cycle == t1.isoformat()
-    # A replica deciding the same cycle again names the same pod (deterministic).
+    # A replica deciding the same cycle again names the same pod (deterministic), within
+    # the stage's timeout (after it, a stage that never got its pod fails).
     rec = written(first.record, ExecutorRecord)
-    lost = core.decide(cr=cr, node=_facts(rec), node_pods=[], now=t2)
+    lost = core.decide(cr=cr, node=_facts(rec), node_pods=[], now=t1 + timedelta(seconds=5))
     assert [r.name for r in lost.create] == [a.name]
