@@ -328,6 +328,45 @@ async def flush(*, owner: str, cr: str, node: str, nodes: NodePort, bus: EventPo
     return None
 
 
+@dataclass
+class Unflushed:
+    """The outboxes of ``owner`` that may hold events the stream does not, for a service
+    whose passes are per NodeWright, not per node (the scheduler): noted from the node
+    watch, flushed by the NodeWright's next pass, and kept until a flush gets them all out.
+
+    A key dropped before its flush succeeded was never looked at again once its node stopped
+    changing: 20 released nodes of a rollout never had their ``node.completed`` on the
+    stream when NATS was killed during their release (issue 15's fault run)."""
+
+    owner: str
+    nodes: NodePort
+    bus: EventPort
+    keys: set[tuple[str, str]] = field(default_factory=set)
+
+    def note(self, node: JSON, gone: Callable[[str], bool]) -> None:
+        name = str(node["metadata"]["name"])
+        for cr in outboxes_to_look_at(node, self.owner, self.bus, gone):
+            self.keys.add((cr, name))
+
+    def forget(self, cr: str) -> None:
+        self.keys = {k for k in self.keys if k[0] != cr}
+
+    async def flush(self, cr: str, node: str | None = None) -> float | None:
+        """Publish what the outboxes of ``cr`` (on ``node`` only, when given) hold and the
+        stream does not; None when all went out, else when to try again (the keys stay)."""
+        again: float | None = None
+        keys = [(cr, node)] if node is not None else sorted(k for k in self.keys if k[0] == cr)
+        for key in keys:
+            self.keys.discard(key)
+            delay = await flush(
+                owner=self.owner, cr=key[0], node=key[1], nodes=self.nodes, bus=self.bus
+            )
+            if delay is not None:
+                self.keys.add(key)
+                again = _sooner(again, delay)
+        return again
+
+
 def pod_refs(pods: Informer, namespace: str, names: Iterable[str]) -> tuple[PodRef, ...]:
     """The pods a core decided to delete, as the cache holds them (their UID and
     resourceVersion become the delete's preconditions)."""

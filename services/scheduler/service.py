@@ -75,8 +75,6 @@ class Scheduler:
         self._decide = asyncio.Lock()
         self._facts = fleet.FactsCache()
         self._decode = api.Decoded(api.NodeWright)
-        self._unflushed: set[tuple[str, str]] = set()
-        """(NodeWright, node) whose scheduler outbox may hold events the stream does not."""
         self._finalize_waits: dict[str, int] = {}  # NodeWright -> pending count last logged
         self._rest_until: dict[str, float] = {}
         """NodeWright -> monotonic time before which its next pass does not decide
@@ -101,6 +99,7 @@ class Scheduler:
         )
         self.node_port = nodeshell.KubeNodes(ctx.kube, self.nodes)
         self.bus_port = nodeshell.BusEvents(self.publisher)
+        self.unflushed = nodeshell.Unflushed(nodestate.SCHEDULER, self.node_port, self.bus_port)
         c.consume(
             streaming.ConsumerSpec(
                 durable=NAME,
@@ -160,11 +159,7 @@ class Scheduler:
             # Outboxes whose events the stream may not hold (a scheduler died between its
             # write and its publish): the next pass of their NodeWright publishes them,
             # without looking through every node on every pass.
-            name = str(new["metadata"]["name"])
-            for cr in nodeshell.outboxes_to_look_at(
-                new, nodestate.SCHEDULER, self.bus_port, lambda c: self.crs.get(c) is None
-            ):
-                self._unflushed.add((cr, name))
+            self.unflushed.note(new, lambda c: self.crs.get(c) is None)
         if old is not None and new is not None and old is not new:
             # A change no decision reads (a stage or check step, the status service's node
             # condition, an outbox drain) wakes nothing; the informer's replay (old is new)
@@ -204,30 +199,20 @@ class Scheduler:
             return None
         if progress.deleting(cr) and core.FINALIZER not in cr.metadata.finalizers:
             return None  # ours is done (or was never added): nothing left to do for it
-        await self._flush_outboxes(name)
+        again = await self.unflushed.flush(name)
+        if again is not None:
+            self.controller.queue.add(name, after=again)
         # One decision at a time across NodeWrights: two must not take the last slot of a
         # shared budget together. (A missing policy starts nothing new; releases go on.)
         async with self._decide:
             return await self._decide_for(cr)
-
-    async def _flush_outboxes(self, cr: str) -> None:
-        """Publish the admissions' and releases' events a scheduler (this one, or one that
-        died between the write and the publish) left in the nodes' outboxes."""
-        for key in sorted(k for k in self._unflushed if k[0] == cr):
-            self._unflushed.discard(key)
-            node = self.nodes.get(key[1])
-            if node is not None and any(
-                not self.bus_port.delivered(e)
-                for e in outbox.pending(node, nodestate.SCHEDULER, cr)
-            ):
-                await self._flush(cr, key[1])
 
     async def _tidy_outboxes(self, cr: str) -> float | None:
         """The NodeWright is gone: its releases wrote the scheduler's last records of it, so
         no later write of the scheduler drops the outbox they left; remove it (after
         publishing what the stream may not hold)."""
         key = outbox.key(nodestate.SCHEDULER, cr)
-        self._unflushed = {k for k in self._unflushed if k[0] != cr}  # tidied below
+        self.unflushed.forget(cr)  # tidied below
         again: float | None = None
         for node in [str(n["metadata"]["name"]) for n in self.nodes.values()]:
             cached = self.nodes.get(node)
@@ -242,9 +227,7 @@ class Scheduler:
         return again
 
     async def _flush(self, cr: str, node: str) -> None:
-        again = await nodeshell.flush(
-            owner=nodestate.SCHEDULER, cr=cr, node=node, nodes=self.node_port, bus=self.bus_port
-        )
+        again = await self.unflushed.flush(cr, node)
         if again is not None:
             self.controller.queue.add(cr, after=again)
 

@@ -607,3 +607,25 @@ async def test_an_outbox_of_a_gone_nodewright_stays_until_the_stream_holds_it() 
     got = await nodeshell.tidy(owner=nodestate.DRAINER, cr=CR, node="n1", nodes=nodes, bus=Down())
     assert got == nodeshell.UNPUBLISHED_RETRY_S
     assert [e.id for e in outbox.pending(nodes.nodes["n1"], nodestate.DRAINER, CR)] == ["e1"]
+
+
+async def test_an_outbox_whose_flush_failed_is_flushed_again_until_the_stream_holds_it() -> None:
+    """The scheduler's releases (passes per NodeWright, not per node): an outbox noted from
+    the node watch stays noted through any number of failed flushes, so a node that never
+    changes again still gets its ``node.completed`` out once NATS is back."""
+    nodes = _nodes()
+    last = NodeDecision(owner=nodestate.SCHEDULER, cr=CR, node="n1", events=(_event(1),))
+    await nodeshell.apply(last, nodes=nodes, objects=FakeObjects(), bus=Down())
+    down = nodeshell.Unflushed(nodestate.SCHEDULER, nodes, Down())
+    down.note(nodes.nodes["n1"], lambda cr: False)
+    for _ in range(3):
+        assert await down.flush(CR) == nodeshell.UNPUBLISHED_RETRY_S
+    assert await down.flush(CR, "n1") == nodeshell.UNPUBLISHED_RETRY_S
+    assert down.keys == {(CR, "n1")}
+    bus = FakeBus()
+    up = nodeshell.Unflushed(nodestate.SCHEDULER, nodes, bus, keys=down.keys)
+    assert await up.flush(CR) is None
+    assert [e.id for e in bus.published] == ["e1"]
+    assert up.keys == set()
+    assert await up.flush(CR) is None
+    assert len(bus.published) == 1
