@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     # SIGTERM (timeout, Ctrl-C from a wrapper) must still run the cleanup below.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    rig = Rig()
+    rig = Rig(keep_work_dir=bool(os.environ.get("NW_BENCH_KEEP_RIG")))
     fleet = Fleet(rig, extra_env={"NODEWRIGHT_PODS_SIM_STAGE_DURATION": args.stage_duration})
     rig.start()
     try:
