@@ -6,8 +6,8 @@ Starts a rig of its own (its API server is restarted and its nats-server killed,
 other user may share it), a fault proxy (nodewright.rig.faults) in front of the API server
 and NATS that only the services go through, and every service with ``--replicas`` replicas.
 Creates N ``nodepool=gpu`` kwok nodes and applies a NodeWright with ``--packages`` packages
-(apply + config stages, each checked: 4 simulated pods of 1 s per package and node) under a
-10 % budget. While it rolls out:
+(apply + config stages, each checked in its own pod: 2 simulated pods of 2 s per package and
+node) under a 10 % budget. While it rolls out:
 
 - a random replica is SIGKILLed every 1 to 3 s and started again 0 to 2 s later;
 - nats-server is killed (SIGKILL) and kept down 10 s, twice;

@@ -670,7 +670,7 @@ def package_logs(
     kubeconfig: str | None,
     context: str | None,
 ) -> None:
-    """Print the logs of a package's stage and check pods on a node."""
+    """Print the logs of a package's stages and their checks on a node."""
     from nodewright import package_cmd
 
     package_cmd.run_logs(

@@ -19,10 +19,10 @@ stage, state and attempt (and, in JSON, the installed version, the reason and th
 check's verdict).
 
 ``logs NAME --node NODE [--nodewright CR] [--stage STAGE] [--tail N]`` prints the logs of the
-package's stage and check pods on the node through the pods/log API. The pods are found by
-their labels (``shared.pods.labels``: NodeWright, role, package, stage) and the node they are
-bound to (``spec.nodeName``), never by guessing names. A log that cannot be fetched is named
-with its pod, and the command then exits 1.
+package's stage pods (each stage and its check) on the node through the pods/log API. The
+pods are found by their labels (``shared.pods.labels``: NodeWright, role, package, stage)
+and the node they are bound to (``spec.nodeName``), never by guessing names. A log that
+cannot be fetched is named with its pod and container, and the command then exits 1.
 """
 
 from __future__ import annotations
@@ -225,7 +225,8 @@ def run_status(
 
 
 def log_selector(package: str, *, nodewright: str = "", stage: str = "") -> str:
-    """The label selector of a package's stage and check pods (``shared.pods.labels``)."""
+    """The label selector of a package's stage pods, and check pods of earlier versions
+    (``shared.pods.labels``)."""
     parts = [
         f"{pods.LABEL_MANAGED}={pods.MANAGED_BY}",
         f"{pods.LABEL_ROLE} in (stage,check)",
@@ -239,10 +240,26 @@ def log_selector(package: str, *, nodewright: str = "", stage: str = "") -> str:
 
 
 def log_pods(listed: Sequence[Mapping[str, Any]], node: str) -> list[pods.PodView]:
-    """The pods on ``node``, oldest first (attempts in the order they ran)."""
-    views = [pods.view(p) for p in listed]
+    """The pods on ``node``, oldest first (attempts in the order they ran): a stage pod as its
+    stage and, once the stage ended and its check started, its check (``shared.pods.parts``)."""
+    views = [
+        part
+        for p in listed
+        for part in pods.parts(p)
+        if part.role != "check" or part.phase != "Pending"
+    ]
     mine = [v for v in views if v.node == node]
     return sorted(mine, key=lambda v: (v.created or datetime.min.replace(tzinfo=UTC), v.name))
+
+
+def log_container(pod: pods.PodView, listed: Sequence[Mapping[str, Any]]) -> str:
+    """The container whose log is ``pod``'s part: the check container for a check in a stage
+    pod, else the pod's first container (the agent)."""
+    raw = next((p for p in listed if p["metadata"]["name"] == pod.name), {})
+    if pods.has_check(raw):
+        return pods.CHECK_CONTAINER if pod.role == "check" else pods.STAGE_CONTAINER
+    first = ((raw.get("spec") or {}).get("containers") or [{}])[0]
+    return str(first.get("name") or pods.STAGE_CONTAINER)
 
 
 def log_header(pod: pods.PodView) -> str:
@@ -262,9 +279,9 @@ def log_query(container: str, tail: int, *, follow: bool = False) -> dict[str, s
     return query
 
 
-def _unfetched(pod: str, namespace: str, exc: ApiError) -> str:
+def _unfetched(pod: str, container: str, namespace: str, exc: ApiError) -> str:
     return (
-        f"nodewright: cannot fetch the log of pod {pod}: the API server said "
+        f"nodewright: cannot fetch the log of pod {pod} ({container}): the API server said "
         f"{exc.status}: {exc.message} (simulated nodes, such as kwok's, keep no logs; "
         f"`kubectl -n {namespace} describe pod {pod}` shows its state)"
     )
@@ -310,10 +327,6 @@ async def logs(
             f"status {name} --nodewright CR --node {node}` shows where the package "
             "stands (pods in another namespace: --namespace)"
         )
-    containers = {
-        p["metadata"]["name"]: ((p.get("spec") or {}).get("containers") or [{}])[0].get("name")
-        for p in listed["items"]
-    }
     # Followed: the pods that may still write (not finished); the others are printed whole.
     live = [p for p in found if follow and p.phase in ("Pending", "Running")]
     unfetched: list[str] = []
@@ -323,12 +336,11 @@ async def logs(
         output.say(log_header(pod))
         path = path_of(plural="pods", namespace=namespace, name=pod.name, subresource="log")
         try:
-            text = await client.get_text(
-                path, log_query(str(containers.get(pod.name) or "agent"), tail)
-            )
+            text = await client.get_text(path, log_query(log_container(pod, listed["items"]), tail))
         except ApiError as exc:
-            unfetched.append(pod.name)
-            output.say(_unfetched(pod.name, namespace, exc), err=True)
+            container = log_container(pod, listed["items"])
+            unfetched.append(f"{pod.name} ({container})")
+            output.say(_unfetched(pod.name, container, namespace, exc), err=True)
             continue
         sys.stdout.write(text if not text or text.endswith("\n") else text + "\n")
         sys.stdout.flush()
@@ -338,17 +350,18 @@ async def logs(
 
         async def one(pod: pods.PodView) -> None:
             path = path_of(plural="pods", namespace=namespace, name=pod.name, subresource="log")
-            query = log_query(str(containers.get(pod.name) or "agent"), tail, follow=True)
+            query = log_query(log_container(pod, listed["items"]), tail, follow=True)
             try:
                 await _follow(client, path, query, f"[{pod.name}] " if len(live) > 1 else "")
             except ApiError as exc:
-                unfetched.append(pod.name)
-                output.say(_unfetched(pod.name, namespace, exc), err=True)
+                container = log_container(pod, listed["items"])
+                unfetched.append(f"{pod.name} ({container})")
+                output.say(_unfetched(pod.name, container, namespace, exc), err=True)
 
         await asyncio.gather(*(one(p) for p in live))
     if unfetched:
         raise CommandError(
-            f"the logs of {len(unfetched)} of {len(found)} pods could not be fetched: "
+            f"the logs of {len(unfetched)} of {len(found)} containers could not be fetched: "
             + ", ".join(unfetched)
         )
 

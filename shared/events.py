@@ -29,7 +29,7 @@ Name = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
 
 
 class ObjectRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """A Kubernetes object an event or reason points at (a PDB, a pod, a check pod)."""
+    """A Kubernetes object an event or reason points at (a PDB, a stage pod)."""
 
     kind: str
     name: str

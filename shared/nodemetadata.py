@@ -2,7 +2,7 @@
 
 Package steps and checks see the node they run on and the NodeWright they belong to
 (docs/packages.md, "Node metadata"). The document is written into the pod itself, as the
-annotation :data:`ANNOTATION` of the stage or check pod, when the pod is created, and the
+annotation :data:`ANNOTATION` of the stage pod, when the pod is created, and the
 pod mounts it with the downward API at ``/nodewright-node-metadata/node.json`` (the agent
 copies it next to the staged package). Nothing else is written for it: no object per node
 to create, keep current and delete (one API request per node and package less, issue 15),

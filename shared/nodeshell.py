@@ -167,8 +167,8 @@ async def apply(
     decision: NodeDecision,
     *,
     nodes: NodePort,
-    objects: ObjectPort,
     bus: EventPort,
+    objects: ObjectPort | None = None,
     written: Callable[[], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -215,6 +215,29 @@ async def apply(
     again = decision.requeue_after
     if again_young is not None:
         again = _sooner(again, again_young)
+    if decision.config_maps or decision.create or decision.delete:
+        if objects is None:
+            raise ValueError("a decision with pods or ConfigMaps needs an object port")
+        again = await _objects(decision, objects, fenced=fenced, clock=clock, again=again)
+    flushed = await flush(
+        owner=decision.owner, cr=decision.cr, node=decision.node, nodes=nodes, bus=bus
+    )
+    if flushed is not None:
+        again = _sooner(again, flushed)
+    return again
+
+
+async def _objects(
+    decision: NodeDecision,
+    objects: ObjectPort,
+    *,
+    fenced: float,
+    clock: Callable[[], float],
+    again: float | None,
+) -> float | None:
+    """Create the decision's ConfigMaps and pods within :data:`CREATE_WITHIN_S` of the
+    fence, then delete its pods; when to look at the key again."""
+    where = {"nodewright": decision.cr, "node": decision.node}
     for body in (*decision.config_maps, *decision.create):
         if decision.fence and clock() - fenced > CREATE_WITHIN_S:
             # The write that proved the decision current is too old to rely on.
@@ -235,11 +258,6 @@ async def apply(
     for pod in decision.delete:
         if not await objects.delete_pod(pod):
             again = STALE_RETRY_S  # it changed since the decision: decide again
-    flushed = await flush(
-        owner=decision.owner, cr=decision.cr, node=decision.node, nodes=nodes, bus=bus
-    )
-    if flushed is not None:
-        again = _sooner(again, flushed)
     return again
 
 
@@ -423,7 +441,7 @@ class KubeObjects:
 
     With ``config_maps`` (:func:`package_config_maps`), a package ConfigMap the cache holds
     is not created again: a package with a ``configMap`` otherwise cost a POST answered 409
-    for every stage and check pod on every node after the first (issue 15). One the cache
+    for every stage pod on every node after the first (issue 15). One the cache
     does not hold yet (just made by another replica or service) is still only an
     AlreadyExists; one someone deleted leaves the cache, and the next pod recreates it."""
 

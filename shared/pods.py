@@ -1,8 +1,16 @@
-"""NodeWright's own pods (stage, check and interrupt pods): names, labels, and a parsed view.
+"""NodeWright's own pods (stage and interrupt pods): names, labels, and parsed views.
 
 Pod names are deterministic, so a second replica or a retried reconcile asking for the same
 pod gets AlreadyExists instead of a duplicate. This module is pure: building manifests is the
 owning service's job; this one only names pods and reads them.
+
+A stage pod runs the stage in its init container :data:`STAGE_CONTAINER` and the stage's
+check in its main container :data:`CHECK_CONTAINER` (``shared.podspec``): the kubelet starts
+the check only once the stage exited 0. :func:`parts` reads such a pod as two views, the
+stage (role ``stage``, the executor's to judge) and the check (role ``check``, the
+validator's); one pod per stage instead of a stage pod and a check pod halved the pods
+created and deleted, and the validator creates none (issue 15). Pods made by earlier
+versions (a stage pod without a check container, a check pod of its own) read as one view.
 """
 
 from __future__ import annotations
@@ -11,7 +19,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -29,10 +37,16 @@ ANN_NODE = f"{DOMAIN}/node"
 ANN_VERSION = f"{DOMAIN}/version"
 ANN_ATTEMPT = f"{DOMAIN}/attempt"
 ANN_CYCLE = f"{DOMAIN}/cycle"
-"""The cycle a stage or check pod belongs to (``PackageRecord.cycle_started``), or the
+"""The cycle a stage pod belongs to (``PackageRecord.cycle_started``), or the
 interrupt's start: part of the pod's name, so a later cycle never reuses one."""
 
 Role = Literal["stage", "check", "interrupt"]
+
+STAGE_CONTAINER = "agent"
+"""The container running the agent's stage mode (the init container of a stage pod with a
+check, the only container otherwise)."""
+CHECK_CONTAINER = "check"
+"""A stage pod's main container: the agent's ``<stage>-check`` mode, after the stage."""
 
 # Waiting reasons that mean the image will not arrive without a change to the spec.
 IMAGE_PULL_REASONS = frozenset(
@@ -133,13 +147,83 @@ def _ts(text: str | None) -> datetime | None:
 
 
 def view(pod: Mapping[str, Any]) -> PodView:
+    """The whole pod as one view (an interrupt pod, or a pod of an earlier version)."""
+    status = pod.get("status") or {}
+    return _view(
+        pod,
+        (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []),
+    )
+
+
+def has_check(pod: Mapping[str, Any]) -> bool:
+    """A stage pod that runs its check in the same pod (:data:`CHECK_CONTAINER`)."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    return any(c.get("name") == CHECK_CONTAINER for c in containers)
+
+
+def parts(pod: Mapping[str, Any]) -> tuple[PodView, ...]:
+    """What ``pod`` runs, one view each: the stage and its check for a stage pod with a check
+    container, else the whole pod (:func:`view`)."""
+    if not has_check(pod):
+        return (view(pod),)
+    status = pod.get("status") or {}
+    inits = list(status.get("initContainerStatuses") or [])
+    mains = list(status.get("containerStatuses") or [])
+    pod_phase = str(status.get("phase") or "Pending")
+    stage_exit = _exit_of(inits, STAGE_CONTAINER)
+    check_exit = _exit_of(mains, CHECK_CONTAINER)
+    stage = _view(pod, inits)
+    if stage_exit is not None:
+        stage_phase = "Succeeded" if stage_exit == 0 else "Failed"
+    else:
+        # Still staging or running; a pod that failed before the stage ended (evicted, a
+        # staging container that failed) failed the stage.
+        stage_phase = "Failed" if pod_phase == "Failed" else pod_phase
+    if stage_exit == 0:
+        stage = replace(stage, exit_code=0, message="")
+    check = _view(pod, mains if stage_exit == 0 else [])
+    if check_exit is not None:
+        check_phase = "Succeeded" if check_exit == 0 else "Failed"
+    elif stage_exit == 0:
+        check_phase = "Failed" if pod_phase == "Failed" else "Running"
+    else:
+        check_phase = "Pending"  # the check has not started: the stage has not succeeded
+    started = _finished_at(inits, STAGE_CONTAINER)
+    return (
+        replace(stage, role="stage", phase=stage_phase),
+        # The check's clock (its timeout, its image's grace) starts when the stage ended,
+        # not when the pod was made.
+        replace(check, role="check", phase=check_phase, created=started or check.created),
+    )
+
+
+def part(pod: Mapping[str, Any], role: Role) -> PodView | None:
+    """The view of ``pod`` with ``role`` (see :func:`parts`), if it has one."""
+    return next((v for v in parts(pod) if v.role == role), None)
+
+
+def _named(statuses: list[Any], name: str) -> Mapping[str, Any]:
+    return next((cs for cs in statuses if cs.get("name") == name), {})
+
+
+def _exit_of(statuses: list[Any], name: str) -> int | None:
+    term = (_named(statuses, name).get("state") or {}).get("terminated")
+    return int(term.get("exitCode") or 0) if term else None
+
+
+def _finished_at(statuses: list[Any], name: str) -> datetime | None:
+    term = (_named(statuses, name).get("state") or {}).get("terminated") or {}
+    return _ts(term.get("finishedAt"))
+
+
+def _view(pod: Mapping[str, Any], statuses: list[Any]) -> PodView:
     meta = pod.get("metadata") or {}
     lab = meta.get("labels") or {}
     ann = meta.get("annotations") or {}
     status = pod.get("status") or {}
     waiting_reason = waiting_message = message = image = ""
     exit_code: int | None = None
-    for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+    for cs in statuses:
         state = cs.get("state") or {}
         if "waiting" in state and not waiting_reason:
             waiting_reason = str(state["waiting"].get("reason") or "")

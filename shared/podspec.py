@@ -1,8 +1,10 @@
 """Manifests of NodeWright's pods on a node: a package stage (executor), a stage check
 (validator), or the node's merged interrupt (executor).
 
-A stage pod runs on its node (``spec.nodeName``, bypassing the scheduler) as one *agent*
-container running ``python -m agent <stage>`` with the host's ``/`` at ``/host``, the
+A stage pod runs on its node (``spec.nodeName``, bypassing the scheduler) as an *agent*
+init container running ``python -m agent <stage>`` and a *check* container running
+``python -m agent <stage>-check`` (the kubelet starts the check once the stage exited 0; the
+validator judges it, ``shared.pods.parts``), both with the host's ``/`` at ``/host``, the
 *package* image mounted read-only at ``/nodewright-package`` as an image volume (so package
 images need no shell: ``FROM scratch`` works; Kubernetes >= 1.35 with a runtime supporting
 image volumes), the CR's configMap at ``/nodewright-config`` and the node's metadata (the
@@ -19,6 +21,7 @@ pod as kwok stage annotations. Pure: returns dicts; creating them is the service
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,11 +34,14 @@ SIM = "sim.nodewright.nvidia.com"
 SIM_STAGE_DURATION = f"{SIM}/stage-duration"
 SIM_FAIL = f"{SIM}/fail"
 SIM_IMAGE_PULL_ERROR = f"{SIM}/image-pull-error"
+SIM_FAIL_INIT = f"{SIM}/fail-init"
+"""kwok stage annotation: the failure is the init container's (the stage's, not its check's)."""
+_SIM_SECONDS = re.compile(r"^(\d+(?:\.\d+)?)s$")
 
 _PACKAGE_MOUNT = "/nodewright-package"
 _CONFIG_MOUNT = "/nodewright-config"
 NODE_METADATA_MOUNT = "/nodewright-node-metadata"
-"""Where stage and check pods mount the node's metadata (the agent's default
+"""Where stage pods (their stage and their check) mount the node's metadata (the agent's default
 ``NODEWRIGHT_NODE_METADATA_DIR``)."""
 
 
@@ -197,20 +203,42 @@ def simulation_annotations(
     stage: str,
     default_duration: str,
     image: str = "",
+    checked: bool = False,
 ) -> dict[str, str]:
-    """kwok stage annotations for a simulated pod, from the node's ``sim.*`` wishes."""
+    """kwok stage annotations for a simulated pod, from the node's ``sim.*`` wishes; a
+    ``checked`` pod (a stage and its check) fails its stage for ``<package>/<stage>`` and its
+    check for ``<package>/<stage>-check``."""
     duration = node_annotations.get(SIM_STAGE_DURATION) or default_duration
     pull = node_annotations.get(SIM_IMAGE_PULL_ERROR, "")
     if pull and _matches(pull, package, stage):
         return {f"{SIM}/image-pull-error": "ImagePullBackOff", f"{SIM}/image": image}
     fail = node_annotations.get(SIM_FAIL, "")
     if fail and _matches(fail, package, stage):
-        return {
+        failed = {
             f"{SIM}/fail-after": duration,
             f"{SIM}/exit-code": "1",
             f"{SIM}/fail-message": f"simulated failure of {package or 'interrupt'} {stage}",
         }
-    return {f"{SIM}/succeed-after": duration}
+        return {**failed, SIM_FAIL_INIT: pods.STAGE_CONTAINER} if checked else failed
+    if not checked:
+        return {f"{SIM}/succeed-after": duration}
+    # kwok ends the stage (the init container) at once: the pod takes the stage's time and
+    # its check's, as a stage and a check each of ``duration`` would.
+    both = _twice(duration)
+    check = f"{stage}-check"
+    if fail and _matches(fail, package, check):
+        return {
+            f"{SIM}/fail-after": both,
+            f"{SIM}/exit-code": "1",
+            f"{SIM}/fail-message": f"simulated failure of {package} {check}",
+        }
+    return {f"{SIM}/succeed-after": both}
+
+
+def _twice(duration: str) -> str:
+    """``2s`` for ``1s``; a duration in another form (an RFC 3339 time) as it is."""
+    m = _SIM_SECONDS.match(duration)
+    return f"{2 * float(m.group(1)):g}s" if m else duration
 
 
 def manifest(
@@ -225,7 +253,10 @@ def manifest(
     package_image: str,
     config_map_ref: str = "",
     node_metadata: str | None = None,
+    check_args: list[str] | None = None,
 ) -> dict[str, Any]:
+    """The pod; with ``check_args`` the agent runs ``agent_args`` as the last init container
+    and ``check_args`` as the main container (:data:`shared.pods.CHECK_CONTAINER`)."""
     name = req.name
     annotations = {
         pods.ANN_NODE: node,
@@ -244,6 +275,7 @@ def manifest(
                 stage=req.stage,
                 default_duration=settings.sim_stage_duration,
                 image=package_image or settings.agent_image,
+                checked=check_args is not None,
             )
         )
     volumes: list[dict[str, Any]] = [
@@ -268,32 +300,37 @@ def manifest(
     if node_metadata is not None:
         volumes.append(nodemetadata.volume("node-metadata"))
         mounts.append({"name": "node-metadata", "mountPath": NODE_METADATA_MOUNT, "readOnly": True})
+
+    def agent(name: str, args: list[str]) -> dict[str, Any]:
+        container: dict[str, Any] = {
+            "name": name,
+            "image": settings.agent_image,
+            "imagePullPolicy": "IfNotPresent",
+            "args": args,
+            "env": env,
+            "securityContext": {"privileged": True},
+            "volumeMounts": mounts,
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+        }
+        if req.desired is not None and req.desired.spec.resources is not None:
+            container["resources"] = api.to_dict(req.desired.spec.resources)
+        return container
+
+    containers = [agent(pods.STAGE_CONTAINER, agent_args)]
+    if check_args is not None:
+        init_containers = [*init_containers, *containers]
+        containers = [agent(pods.CHECK_CONTAINER, check_args)]
     spec: dict[str, Any] = {
         "nodeName": node,
         "restartPolicy": "Never",
         "hostPID": True,
         "priorityClassName": "system-node-critical",
         "tolerations": tolerations(cr),
-        "containers": [
-            {
-                "name": "agent",
-                "image": settings.agent_image,
-                "imagePullPolicy": "IfNotPresent",
-                "args": agent_args,
-                "env": env,
-                "securityContext": {"privileged": True},
-                "volumeMounts": mounts,
-                "terminationMessagePolicy": "FallbackToLogsOnError",
-            }
-        ],
+        "containers": containers,
         "volumes": volumes,
     }
     if init_containers:
         spec["initContainers"] = init_containers
-    resources = None
-    if req.desired is not None and req.desired.spec.resources is not None:
-        resources = api.to_dict(req.desired.spec.resources)
-        spec["containers"][0]["resources"] = resources
     if req.desired is not None and req.desired.spec.graceful_shutdown_seconds is not None:
         spec["terminationGracePeriodSeconds"] = req.desired.spec.graceful_shutdown_seconds
     return {
@@ -321,8 +358,8 @@ def stage_pod(
     settings: PodSettings,
     node_metadata: str,
 ) -> dict[str, Any]:
-    """A package stage pod (apply, upgrade, config, post-interrupt, uninstall) or a stage
-    check pod (role ``check``: the agent runs ``<stage>-check``). ``node_metadata`` is the
+    """A package stage pod (apply, upgrade, config, post-interrupt, uninstall: the stage,
+    then its check, see :func:`manifest`). ``node_metadata`` is the
     ``node.json`` its steps see (:func:`shared.nodemetadata.text` of the node as decided on)."""
     assert req.desired is not None
     d = req.desired
@@ -344,11 +381,12 @@ def stage_pod(
         node=node,
         node_annotations=node_annotations,
         settings=settings,
-        agent_args=[f"{req.stage}-check" if req.role == "check" else req.stage],
+        agent_args=[req.stage],
         env=env,
         package_image=d.image,
         config_map_ref=cm,
         node_metadata=node_metadata,
+        check_args=[f"{req.stage}-check"],
     )
 
 

@@ -631,7 +631,7 @@ _STAGE_RANK: dict[str, int] = {
 
 
 def cycle_of(r: PackageRecord) -> str:
-    """The cycle a package record is in, as stage and check pods carry it."""
+    """The cycle a package record is in, as stage pods carry it."""
     return r.cycle_started.isoformat() if r.cycle_started is not None else ""
 
 
@@ -639,7 +639,7 @@ def stage_passed(
     r: PackageRecord | None, *, stage: str, version: str, attempt: int, cycle: str
 ) -> bool:
     """The package record ``r`` has moved past ``stage``'s ``attempt`` of its current cycle
-    (a later stage, or a later attempt of it): that attempt's stage and check pods are
+    (a later stage, or a later attempt of it): that attempt's stage pods are
     needed by no record from now on, since a record only moves forward and a new attempt or
     cycle runs under new pod names."""
     if r is None or not cycle or cycle != cycle_of(r) or version != r.version:

@@ -103,8 +103,7 @@ STAGE_TIMEOUT: Final = "StageTimeout"
 IMAGE_PULL_FAILED: Final = "ImagePullFailed"
 IMAGE_VOLUME_UNSUPPORTED: Final = "ImageVolumeUnsupported"
 """The node's container runtime cannot mount the package image as an image volume; the
-message names the setting that avoids them (``packageStaging: copy``). Also the validator's,
-for a check pod."""
+message names the setting that avoids them (``packageStaging: copy``)."""
 CONTAINER_CREATE_FAILED: Final = "ContainerCreateFailed"
 """The runtime could not create a stage (or check) container for the image-pull grace period."""
 INTERRUPT_FAILED: Final = "InterruptFailed"

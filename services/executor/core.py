@@ -24,9 +24,11 @@ publish. Rules:
   union of services > noop) and run once, after no other stage is running. A reboot is done
   only when the node's boot ID changed and the node is Ready again — never because a
   container exited.
-- A pod that fails, cannot pull its image for ``image_pull_grace_s``, or exceeds the stage
-  timeout fails the package with a machine-readable reason naming the image, exit code or
-  timeout.
+- A stage's pod runs the stage, then the stage's check (``shared.pods.parts``): the
+  executor judges the stage and keeps the pod until the validator's verdict on its check
+  (a failed one: until a retry, for its logs). A stage that fails, cannot pull its image
+  for ``image_pull_grace_s``, or exceeds the stage timeout fails the package with a
+  machine-readable reason naming the image, exit code or timeout.
 - Recovery requests (``shared.nodestate.Request``) newer than the record's ``honoured`` mark
   are honoured before anything else (:func:`honour`): retry turns every failed stage, stage
   whose check failed, or failed interrupt into a new attempt (pod names include the attempt;
@@ -498,9 +500,13 @@ def _packages(
                 continue
             w.packages[name] = _observe_stage(w, d, r, pod, grace)
             continue
-        # succeeded: wait for the validator's verdict on this attempt's check
+        # succeeded: the check runs in the stage's pod; wait for the validator's verdict on
+        # this attempt's check
         verdict = w.node.validator.checks.get(check_key(name, r.version, r.stage))
         if verdict is None or verdict.verdict != "passed" or verdict.attempt != r.attempt:
+            pod = pods_by.get(_key(r, name))
+            if pod is not None:
+                w.keep.add(pod.name)  # its check runs, or failed: kept for its logs
             continue
         if may_start:
             if r.cycle == "uninstall" and progress.next_stage(r) is None:

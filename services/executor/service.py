@@ -187,10 +187,13 @@ class Executor:
         if not self._responsible(key, raw_node):
             return None
         facts = progress.facts(raw_node, cr_name)
+        # A stage pod is read as its stage; its check is the validator's to judge.
         node_pods = [
-            pods.view(p)
+            part
             for p in (self.pods.get(k) for k in self.pod_index.names(key))
             if p is not None
+            for part in pods.parts(p)
+            if part.role != "check"
         ]
         decision = core.decide(
             cr=cr,

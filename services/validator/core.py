@@ -3,10 +3,13 @@ when a node is validated, and when its readiness taint may go.
 
 For one (NodeWright, node) pair:
 
-- every package stage the executor recorded as succeeded gets its check — a pod running
-  the agent's ``<stage>-check`` mode — and the verdict is recorded as passed, or failed
-  with a machine-readable reason carrying the check's output tail (``CheckFailed``), the
-  image that cannot be pulled (``ImagePullFailed``) or the timeout (``CheckTimeout``);
+- every package stage the executor recorded as succeeded is checked in its own pod, whose
+  main container runs the agent's ``<stage>-check`` mode once the stage exited 0
+  (``shared.pods.parts``); the verdict is recorded as passed, or failed with a
+  machine-readable reason carrying the check's output tail (``CheckFailed``), the image
+  that cannot be pulled (``ImagePullFailed``), the timeout (``CheckTimeout``) or the pod
+  that went away before its check ended (``CheckFailed``). The validator creates and
+  deletes no pod;
 - once every package is done, the node itself is validated: it must be Ready, and a
   reboot interrupt must have completed (the executor judges that by the boot ID). The
   validated target digest is recorded so the drainer and scheduler can release the node;
@@ -49,7 +52,6 @@ from shared.decisions import Keep, RecordChange, Remove, Work, Write
 from shared.events import Reason
 from shared.nodestate import Request, Requests, check_key
 from shared.pods import PodKey, PodView
-from shared.podspec import PodRequest
 from shared.progress import NodeFacts
 from shared.records.validator import CheckRecord, ValidatorRecord
 
@@ -78,10 +80,6 @@ _NO_ANNOTATIONS: Final[Mapping[str, str]] = MappingProxyType({})
 @dataclass(frozen=True)
 class Decision:
     record: RecordChange = field(default_factory=Keep)
-    create: tuple[PodRequest, ...] = ()
-    delete: tuple[str, ...] = ()
-    settled: frozenset[str] = frozenset()
-    """Among :attr:`delete`: the check pods whose verdict the record holds (:func:`_settled`)."""
     publish: tuple[events.Event, ...] = ()
     remove_readiness_taint: bool = False
     add_readiness_taint: bool = False
@@ -109,62 +107,25 @@ class _Work(Work):
     checks: dict[str, CheckRecord]
 
 
-def _settled(node: NodeFacts, pod: PodView) -> bool:
-    """``pod`` is a finished check pod whose verdict the record holds (written after the pod
-    was created, about its attempt), or whose stage the executor's record moved past: no
-    later record needs it (a new attempt or cycle runs under a new name), so deleting it
-    needs no fence."""
-    if pod.phase not in ("Succeeded", "Failed"):
-        return False
-    v = node.validator.checks.get(check_key(pod.package, pod.version, pod.stage))
-    held = (
-        v is not None
-        and v.verdict != "running"
-        and v.attempt == pod.attempt
-        and pod.created is not None
-        and v.at >= pod.created
-    )
-    return held or progress.stage_passed(
-        node.executor.packages.get(pod.package),
-        stage=pod.stage,
-        version=pod.version,
-        attempt=pod.attempt,
-        cycle=pod.cycle,
-    )
+POD_GONE_GRACE_S: Final = 30.0
+"""How long a stage the executor recorded as succeeded may have no pod in the validator's
+cache before its check is failed: the pod watch may deliver the pod after the node watch
+delivered the record."""
 
 
-def _request(
-    w: _Work,
-    d: progress.Desired,
-    stage: str,
-    version: str,
-    attempt: int,
-    previous: str = "",
-    cycle: str = "",
-) -> PodRequest:
-    req = PodRequest(
-        role="check",
-        package=d.name,
-        stage=stage,
-        version=version,
+def _gone(package: str, version: str, stage: str, attempt: int, now: datetime) -> CheckRecord:
+    return CheckRecord(
+        verdict="failed",
+        at=now,
         attempt=attempt,
-        image=d.image,
-        previous=previous,
-        desired=d,
-        node_order=w.node.selection.order if w.node.selection is not None else None,
-        cycle=cycle,
-    )
-    return replace(
-        req,
-        name=pods.pod_name(
-            cr=w.cr.metadata.name,
-            node=w.node.name,
-            role="check",
-            package=d.name,
-            stage=stage,
-            version=version,
-            attempt=attempt,
-            cycle=cycle,
+        reason=Reason(
+            code=reasons.CHECK_FAILED,
+            message=(
+                f"check {stage}-check of {package} {version}: its pod went away before the "
+                "check ended (deleted?); run `nodewright node retry` to run the stage and its "
+                "check again"
+            ),
+            details={"pod": "missing"},
         ),
     )
 
@@ -209,11 +170,9 @@ def _verdict_from_pod(
     return None
 
 
-def _checks(
-    w: _Work, check_pods: Mapping[PodKey, PodView], grace: float, may_start: bool
-) -> set[str]:
-    """Start, judge and record the checks of the stages the executor finished; the keys of
-    the verdicts still relevant."""
+def _checks(w: _Work, check_pods: Mapping[PodKey, PodView], grace: float) -> set[str]:
+    """Judge and record the checks of the stages the executor finished; the keys of the
+    verdicts still relevant."""
     desired = progress.desired(w.cr)
     wanted: set[str] = set()
     for name, r in sorted(w.node.executor.packages.items()):
@@ -235,33 +194,30 @@ def _checks(
         if r.state != "succeeded":
             continue
         v = w.checks.get(key)
-        cycle = progress.cycle_of(r)
-        pod_key = (name, r.stage, r.version, r.attempt, cycle)
         if v is not None and v.verdict != "running":
-            if v.verdict == "failed":
-                pod = check_pods.get(pod_key)
-                if pod is not None:
-                    w.keep.add(pod.name)  # kept for its logs until a retry
             continue
-        pod = check_pods.get(pod_key)
+        pod = check_pods.get((name, r.stage, r.version, r.attempt, progress.cycle_of(r)))
+        verdict: CheckRecord | None
         if pod is None:
-            if may_start:
-                # Nothing is recorded for a check that starts: its pod, under a name fixed by
-                # the attempt, is what says it runs (one Node write per stage, issue 15); the
-                # shell creates it only on a node read unchanged since this decision.
-                w.start(_request(w, d, r.stage, r.version, r.attempt, r.previous, cycle))
-            continue
-        w.keep.add(pod.name)
-        timeout = d.spec.stage_timeout_seconds or w.cr.spec.stage_timeout_seconds
-        # A "running" verdict is an earlier version's record of the start.
-        started = v.at if v is not None else pod.created or w.now
-        verdict = _verdict_from_pod(pod, started=started, now=w.now, timeout=timeout, grace=grace)
-        if verdict is None:
-            w.later(min(30.0, max(1.0, timeout - (w.now - started).total_seconds())))
-            continue
+            # The executor saw the pod's stage end: a pod missing past the grace was deleted
+            # before its check ended (kubectl delete, a drain by someone else).
+            waited = (w.now - r.updated).total_seconds()
+            if waited < POD_GONE_GRACE_S:
+                w.later(POD_GONE_GRACE_S - waited)
+                continue
+            verdict = _gone(name, r.version, r.stage, r.attempt, w.now)
+        else:
+            timeout = d.spec.stage_timeout_seconds or w.cr.spec.stage_timeout_seconds
+            # A "running" verdict is an earlier version's record of the start.
+            started = v.at if v is not None else pod.created or w.now
+            verdict = _verdict_from_pod(
+                pod, started=started, now=w.now, timeout=timeout, grace=grace
+            )
+            if verdict is None:
+                w.later(min(30.0, max(1.0, timeout - (w.now - started).total_seconds())))
+                continue
         w.checks[key] = verdict
         if verdict.verdict == "passed":
-            w.keep.discard(pod.name)
             w.out.emit(
                 events.StageValidated,
                 name,
@@ -437,10 +393,10 @@ def decide(
         for p in check_pods
         if p.cr == cr.metadata.name and p.node == node.name and p.role == "check"
     ]
-    by = {p.key: p for p in mine if not p.deleting}
+    # A pod being deleted still says how its check ended (a deletion is graceful).
+    by = {p.key: p for p in mine}
     turn = progress.turn(cr, node)
-    may_start = turn in ("executor", "validator") and not cr.disabled
-    wanted = _checks(w, by, image_pull_grace_s, may_start)
+    wanted = _checks(w, by, image_pull_grace_s)
     if w.checks != node.validator.checks:
         # The verdicts as this pass leaves them: the one that ends the last package's cycle
         # makes the node due for validation now, in the same write (progress.finished_cycles).
@@ -489,9 +445,6 @@ def decide(
         new = msgspec.structs.replace(
             new, checks={k: v for k, v in new.checks.items() if k in wanted}
         )
-    gone = [p for p in mine if p.name not in w.keep and not p.deleting]
-    delete = tuple(sorted(p.name for p in gone))
-    settled = frozenset(p.name for p in gone if _settled(node, p))
     # A taint this validator added for ``cr`` goes by the same rule even if ``cr`` stopped
     # being runtimeRequired since: nobody else would ever lift it.
     ours = annotations.get(AUTO_TAINTED) == cr.metadata.name
@@ -507,9 +460,6 @@ def decide(
     )
     return Decision(
         record=Write(new) if new != record else Keep(),
-        create=tuple(w.create),
-        delete=delete,
-        settled=settled,
         publish=tuple(w.out.events),
         remove_readiness_taint=(cr.spec.runtime_required or ours)
         and runtime_required_done

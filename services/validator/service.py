@@ -1,12 +1,13 @@
-"""The validator's async shell: caches, check pods, node validation records and the
+"""The validator's async shell: caches, check verdicts, node validation records and the
 readiness taint, carried out as :func:`services.validator.core.decide` says.
 
 For each (NodeWright, node) key it hands the core's decision to the shared per-node shell
 (:func:`shared.nodeshell.apply`), which writes the validator record (with the node's
 resourceVersion as precondition), adds the runtime-required taint to new nodes and lifts it
-when the core says so (in the same patch), creates check pods (AlreadyExists is success),
-deletes finished ones, and publishes ``stage.validated`` / ``stage.validation-failed`` /
-``node.validated``. Once the NodeWright is gone it removes its own record.
+when the core says so (in the same patch), and publishes ``stage.validated`` /
+``stage.validation-failed`` / ``node.validated``. Once the NodeWright is gone it removes its
+own record. It reads the executor's stage pods, whose main container runs the stage's check
+(``shared.pods.parts``), and creates or deletes no pod: its role only reads pods.
 
 Keys are the (NodeWright, node) pairs with a scheduler, executor, validator or requests
 record, plus two kinds of pairs without one: a node new to an ``autoTaintNewNodes``
@@ -36,7 +37,6 @@ from shared import (
     nodeshell,
     nodestate,
     pods,
-    podspec,
     progress,
     runtime,
     streaming,
@@ -66,9 +66,6 @@ class Validator:
         self.ctx = ctx
         self._decode_cr = api.Decoded(api.NodeWright)
         self.settings = settings
-        self.pod_settings = podspec.PodSettings.of(
-            namespace=ctx.settings.namespace, config=settings.pods
-        )
         self.publisher = streaming.Publisher(
             ctx.bus, source=f"{NAME}/{ctx.identity}", registry=ctx.registry
         )
@@ -87,7 +84,7 @@ class Validator:
         )
         self.pods: Informer = c.watch(
             path_of(plural="pods", namespace=ctx.settings.namespace),
-            label_selector=pods.selector("check"),
+            label_selector=pods.selector("stage"),
             to_keys=self.pod_index.to_keys,
             also=self.pod_index.on_change,
             name="pods",
@@ -103,13 +100,6 @@ class Validator:
             to_keys=lambda e: [(e.cr, e.node)] if e.node else [],
         )
         self.node_port = nodeshell.KubeNodes(ctx.kube, self.nodes)
-        self.object_port = nodeshell.KubeObjects(
-            ctx.kube,
-            ctx.settings.namespace,
-            pods=self.pods,
-            on_pod=self.pod_index.on_change,
-            config_maps=nodeshell.package_config_maps(c, ctx.settings.namespace),
-        )
         self.bus_port = nodeshell.BusEvents(self.publisher)
 
     # ---- key mapping ------------------------------------------------------------------
@@ -238,9 +228,9 @@ class Validator:
             return None
         facts = progress.facts(raw_node, cr_name)
         node_pods = [
-            pods.view(p)
+            check
             for p in (self.pods.get(k) for k in self.pod_index.names(key))
-            if p is not None
+            if p is not None and (check := pods.part(p, "check")) is not None
         ]
         has_taint = core.has_readiness_taint(facts.taints)
         annotations = nodestate.annotations_of(raw_node)
@@ -268,26 +258,7 @@ class Validator:
                 _log.info("Removed validator record from Node", extra=where)
             case _:
                 pass
-        ns = self.ctx.settings.namespace
-        config_maps: list[JSON] = []
-        bodies: list[JSON] = []
-        seen = nodemetadata.text(cr, raw_node) if decision.create else ""
-        for req in decision.create:
-            d = req.desired
-            assert d is not None
-            if d.config:
-                config_maps.append(podspec.config_map(cr, d.name, d.config_digest, d.config, ns))
-            bodies.append(
-                podspec.stage_pod(
-                    req,
-                    cr=cr,
-                    node=node_name,
-                    node_annotations=annotations,
-                    settings=self.pod_settings,
-                    node_metadata=seen,
-                )
-            )
-        return await self._apply(cr_name, raw_node, decision, config_maps, bodies)
+        return await self._apply(cr_name, raw_node, decision)
 
     async def _gone(self, cr: str, node: JSON) -> float | None:
         """The key's NodeWright is gone: remove the validator's record and lift the
@@ -304,7 +275,7 @@ class Validator:
         decision = core.Decision(record=forgotten.record, remove_readiness_taint=lift)
         if not decision.changes_node:
             return None
-        retry = await self._apply(cr, node, decision, [], [])
+        retry = await self._apply(cr, node, decision)
         return retry if retry == nodeshell.STALE_RETRY_S else None
 
     async def _apply(
@@ -312,14 +283,9 @@ class Validator:
         cr: str,
         node: JSON,
         decision: core.Decision,
-        config_maps: list[JSON],
-        bodies: list[JSON],
     ) -> float | None:
         """Carry out the core's decision through the shared per-node shell: the record,
-        the readiness taint and its marks in one patch. Check pods are created only after a
-        write with the node's resourceVersion, even when nothing else changes: a replica
-        whose node is stale (another one recorded the verdict and deleted the pod) must not
-        run the check again."""
+        the readiness taint and its marks in one patch."""
         name = str(node["metadata"]["name"])
         annotations: dict[str, str | None] = {}
         spec: dict[str, object] = {}
@@ -341,16 +307,10 @@ class Validator:
                 record=decision.record,
                 spec=spec,
                 annotations=annotations,
-                fence=True,
-                config_maps=tuple(config_maps),
-                create=tuple(bodies),
-                delete=nodeshell.pod_refs(self.pods, self.ctx.settings.namespace, decision.delete),
-                settled=decision.settled,
                 events=decision.publish,
                 requeue_after=decision.requeue_after,
             ),
             nodes=self.node_port,
-            objects=self.object_port,
             bus=self.bus_port,
         )
         if retry != nodeshell.STALE_RETRY_S:

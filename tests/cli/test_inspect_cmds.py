@@ -163,8 +163,8 @@ async def _stage_pod(
     package: str,
     role: pods.Role = "stage",
 ) -> str:
-    """Create the pod the executor (role stage) or validator (role check) would create for
-    ``package``'s apply on ``node``; return its name."""
+    """Create the pod the executor would create for ``package``'s apply on ``node``; return
+    its name."""
     d = progress.desired(cr)[package]
     name = pods.pod_name(
         cr=cr.metadata.name,
@@ -201,40 +201,40 @@ async def test_package_logs_name_each_pod_whose_log_cannot_be_fetched(
     a = await objects.node("n-a", cr)
     c = await objects.node("n-c", cr)
     stage = await _stage_pod(kapi, obj, a, namespace, package="tuning")
-    check = await _stage_pod(kapi, obj, a, namespace, package="tuning", role="check")
     await _stage_pod(kapi, obj, a, namespace, package="driver")  # another package
     await _stage_pod(kapi, obj, c, namespace, package="tuning")  # another node
 
     async def running() -> bool:
         listed = await kapi.get(path_of(plural="pods", namespace=namespace))
-        return len(listed["items"]) == 4 and all(
+        return len(listed["items"]) == 3 and all(
             p.get("status", {}).get("phase") == "Running" for p in listed["items"]
         )
 
-    await eventually(running, what="kwok to run the four pods")
+    await eventually(running, what="kwok to run the three pods")
 
     got = await cli(rig, "package", "logs", "tuning", "--node", a, "--namespace", namespace)
     assert got.code == 1, got
-    # Both of tuning's pods on a (oldest first), and only them.
+    # tuning's pod on a as its stage (kwok ends init containers at once) then its running
+    # check, and only them.
     headers = [line for line in got.out.splitlines() if line.startswith("==> ")]
-    shown = [h.split()[2].rstrip(":") for h in headers]
-    assert sorted(shown) == sorted([stage, check])
-    assert sorted(headers) == sorted(
-        [
-            f"==> pod {stage}: NodeWright {cr}, package tuning 1.0.0, stage apply, attempt 1, "
-            "Running <==",
-            f"==> pod {check}: NodeWright {cr}, package tuning 1.0.0, check of stage apply, "
-            "attempt 1, Running <==",
-        ]
-    )
+    assert headers == [
+        f"==> pod {stage}: NodeWright {cr}, package tuning 1.0.0, stage apply, attempt 1, "
+        "Succeeded <==",
+        f"==> pod {stage}: NodeWright {cr}, package tuning 1.0.0, check of stage apply, "
+        "attempt 1, Running <==",
+    ]
     errors = got.err.splitlines()
-    for pod in (stage, check):
+    for container in ("agent", "check"):
         assert any(
-            e.startswith(f"nodewright: cannot fetch the log of pod {pod}: the API server said ")
+            e.startswith(
+                f"nodewright: cannot fetch the log of pod {stage} ({container}): the API server "
+                "said "
+            )
             for e in errors
         ), got.err
     assert errors[-1] == (
-        f"nodewright: the logs of 2 of 2 pods could not be fetched: {', '.join(shown)}"
+        f"nodewright: the logs of 2 of 2 containers could not be fetched: {stage} (agent), "
+        f"{stage} (check)"
     )
 
 

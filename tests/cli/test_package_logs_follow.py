@@ -223,7 +223,7 @@ async def test_follow_prints_a_running_pods_log_lines_as_they_are_written(
         body = podspec.stage_pod(
             req, cr=cr, node=node, node_annotations={}, settings=settings, node_metadata="{}"
         )
-        assert body["spec"]["containers"][0]["name"] == "agent"
+        assert body["spec"]["containers"][0]["name"] == "check"
         await kapi.create(path_of(plural="pods", namespace=namespace), body)
 
         async def running() -> bool:
@@ -260,9 +260,13 @@ async def test_follow_prints_a_running_pods_log_lines_as_they_are_written(
                     pytest.fail(f"the command ended ({await proc.wait()}): {said}")
                 return got.decode()
 
+            # The stage runs (this kwok runs the init container): followed; its check, after
+            # it in the same pod, has not started and is not shown.
             header = await line()
             assert header.startswith(f"==> pod {name}: NodeWright {cr.metadata.name}"), header
-            assert header.rstrip().endswith("Running <== (following)"), header
+            assert header.rstrip().endswith("stage apply, attempt 1, Running <== (following)"), (
+                header
+            )
             assert await line() == "first line, before the command started\n"
             for n in range(3):
                 with log.open("a") as f:

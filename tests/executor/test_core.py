@@ -81,7 +81,7 @@ def test_a_fresh_node_starts_apply_then_config_after_each_check_passes() -> None
     assert d2.create == ()
     d3 = core.decide(cr=cr, node=_facts(_rec(d2)), node_pods=[_pod(req, "Succeeded")], now=T0)
     assert isinstance(d3.record, Keep)
-    assert d3.create == ()
+    assert (d3.create, d3.delete) == ((), ()), "the check runs in the stage's pod"
 
     # Check passed: the apply pod goes, config starts.
     checks = {nodestate.check_key("nvidia-tuned", "0.9.0", "apply"): "passed"}
@@ -133,6 +133,29 @@ def test_a_stage_pod_the_record_moved_past_is_deleted_without_a_fence() -> None:
     d5 = core.decide(cr=cr, node=_facts(_rec(d3), checks), node_pods=[_pod(req, "Running")], now=T0)
     assert d5.delete == (req.name,)
     assert d5.settled == frozenset()
+
+
+def test_a_stage_pod_stays_while_its_check_runs_and_after_it_failed() -> None:
+    """Issue 15: the pod runs the stage, then its check; the executor judges the stage and
+    deletes the pod only once the validator's verdict passed (a failed one keeps it for
+    its logs until a retry)."""
+    cr = nodewright()
+    d1 = core.decide(cr=cr, node=_facts(), node_pods=[], now=T0)
+    (req,) = d1.create
+    stage_done = _pod(req, "Succeeded")  # the stage part: its check may still run
+    d2 = core.decide(cr=cr, node=_facts(_rec(d1)), node_pods=[stage_done], now=T0)
+    assert _rec(d2).packages["nvidia-tuned"].state == "succeeded"
+    assert d2.delete == ()
+    key = nodestate.check_key("nvidia-tuned", "0.9.0", "apply")
+    for verdict in ("running", "failed"):
+        kept = core.decide(
+            cr=cr, node=_facts(_rec(d2), {key: verdict}), node_pods=[stage_done], now=T0
+        )
+        assert kept.delete == (), verdict
+    passed = core.decide(
+        cr=cr, node=_facts(_rec(d2), {key: "passed"}), node_pods=[stage_done], now=T0
+    )
+    assert passed.delete == (req.name,)
 
 
 def test_a_failed_pod_fails_the_package_with_exit_code_and_keeps_the_pod() -> None:

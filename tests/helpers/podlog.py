@@ -1,6 +1,6 @@
 """A record of NodeWright's pods as the API server saw them: every creation and phase change
-in one namespace, in watch (resourceVersion) order. For asserting which stages ran, in what
-order, on which node."""
+in one namespace, in watch (resourceVersion) order, a stage pod as its stage and its check.
+For asserting which stages and checks ran, in what order, on which node."""
 
 from __future__ import annotations
 
@@ -36,26 +36,33 @@ class PodLog:
     events: list[Seen] = field(default_factory=list)
 
     def on_change(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        """A stage pod is two entries (``shared.pods.parts``): its stage, created with the
+        pod, and its check, created when it starts (the stage exited 0)."""
         if new is None:
             return
         meta = new["metadata"]
         labels = meta.get("labels") or {}
         container = (new.get("spec") or {}).get("containers", [{}])[0]
-        phase = str((new.get("status") or {}).get("phase") or "")
-        if old is not None and str((old.get("status") or {}).get("phase") or "") == phase:
-            return  # only creations and phase changes matter here
-        self.events.append(
-            Seen(
-                name=meta["name"],
-                node=str(new["spec"].get("nodeName", "")),
-                role=labels.get(pods.LABEL_ROLE, ""),
-                package=labels.get(pods.LABEL_PACKAGE, ""),
-                stage=labels.get(pods.LABEL_STAGE, ""),
-                phase=phase,
-                env={e["name"]: str(e.get("value", "")) for e in container.get("env") or []},
-                added=old is None,
+        before = {p.role: p.phase for p in pods.parts(old)} if old is not None else {}
+        for part in pods.parts(new):
+            if part.role == "check" and part.phase == "Pending":
+                continue  # not started: the stage before it runs
+            was = before.get(part.role)
+            if was == part.phase:
+                continue  # only creations and phase changes matter here
+            started = was is None or (part.role == "check" and was == "Pending")
+            self.events.append(
+                Seen(
+                    name=meta["name"],
+                    node=str(new["spec"].get("nodeName", "")),
+                    role=part.role,
+                    package=labels.get(pods.LABEL_PACKAGE, ""),
+                    stage=labels.get(pods.LABEL_STAGE, ""),
+                    phase=part.phase,
+                    env={e["name"]: str(e.get("value", "")) for e in container.get("env") or []},
+                    added=started,
+                )
             )
-        )
 
     def created(self, since: int = 0, **match: str) -> list[Seen]:
         """Pods created after event ``since``, one entry per pod, matching ``match``."""

@@ -1,5 +1,5 @@
 """The node's metadata a package's pods see: what ``node.json`` holds for a node and a
-NodeWright, and how the stage and check pods carry it (an annotation of their own, mounted
+NodeWright, and how the stage pods carry it (an annotation of their own, mounted
 with the downward API)."""
 
 from __future__ import annotations

@@ -629,3 +629,19 @@ async def test_an_outbox_whose_flush_failed_is_flushed_again_until_the_stream_ho
     assert up.keys == set()
     assert await up.flush(CR) is None
     assert len(bus.published) == 1
+
+
+async def test_a_service_without_an_object_port_writes_and_publishes_but_makes_no_pods() -> None:
+    """The validator creates and deletes nothing: its decisions go through without one."""
+    nodes = _nodes()
+    bus = FakeBus()
+    rec = DrainRecord(phase="cordoned", cordoned=True, started=T0, since=T0)
+    plain = NodeDecision(
+        owner=nodestate.VALIDATOR, cr=CR, node="n1", record=Write(rec), events=(_event(1),)
+    )
+    assert await nodeshell.apply(plain, nodes=nodes, bus=bus) is None
+    assert [e.id for e in bus.published] == ["e1"]
+    with pytest.raises(ValueError, match="object port"):
+        await nodeshell.apply(
+            replace(plain, record=Keep(), create=(_pod("p"),)), nodes=nodes, bus=bus
+        )

@@ -16,7 +16,11 @@ from tests.helpers.facts import T0, nodewright
 AGENT = "registry.example/agent:1"
 
 
-def _stage_pod(settings: podspec.PodSettings) -> dict[str, Any]:
+def _stage_pod(
+    settings: podspec.PodSettings,
+    node_order: int | None = None,
+    node_annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
     cr = nodewright()
     (d,) = progress.desired(cr).values()
     req = PodRequest(
@@ -27,9 +31,15 @@ def _stage_pod(settings: podspec.PodSettings) -> dict[str, Any]:
         attempt=1,
         desired=d,
         name="p",
+        node_order=node_order,
     )
     return podspec.stage_pod(
-        req, cr=cr, node="n1", node_annotations={}, settings=settings, node_metadata="{}"
+        req,
+        cr=cr,
+        node="n1",
+        node_annotations=node_annotations or {},
+        settings=settings,
+        node_metadata="{}",
     )
 
 
@@ -41,9 +51,11 @@ def test_image_volume_staging_mounts_the_package_image_at_the_package_dir() -> N
     pod = _stage_pod(podspec.PodSettings(namespace="nw", agent_image=AGENT))
     vols = _volumes(pod)
     assert vols["package"]["image"]["reference"].endswith(":0.9.0")
-    assert "initContainers" not in pod["spec"]
-    mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
-    assert mounts["package"] == "/nodewright-package"
+    (stage,) = pod["spec"]["initContainers"]
+    (check,) = pod["spec"]["containers"]
+    for container in (stage, check):
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert mounts["package"] == "/nodewright-package"
     assert vols["host"]["hostPath"] == {"path": "/", "type": "Directory"}
 
 
@@ -56,7 +68,8 @@ def test_copy_staging_copies_the_image_files_with_the_agents_busybox_no_shell_ne
     vols = _volumes(pod)
     assert "image" not in vols["package"]
     assert vols["package"]["emptyDir"] == {}
-    tools, package = pod["spec"]["initContainers"]
+    tools, package, stage = pod["spec"]["initContainers"]
+    assert (stage["name"], stage["args"]) == (pods.STAGE_CONTAINER, ["apply"])
     assert tools["image"] == AGENT
     assert tools["command"][0] == podspec.AGENT_BUSYBOX
     # The package image's container runs the busybox the first init container staged.
@@ -145,3 +158,125 @@ def test_view_sees_whether_a_pod_mounts_an_image_volume() -> None:
         podspec.PodSettings(namespace="nw", agent_image=AGENT, package_staging="copy")
     )
     assert not pods.view(copy).image_volume
+
+
+@pytest.mark.parametrize(("order", "env"), [(0, "0"), (3, "3"), (None, None)])
+def test_a_stage_pod_runs_the_stage_then_its_check_with_the_same_environment(
+    order: int | None, env: str | None
+) -> None:
+    """Issue 15: one pod per stage. The kubelet runs the check container only once the stage
+    (the last init container) exited 0; both see the same package, config and node order."""
+    pod = _stage_pod(podspec.PodSettings(namespace="nw", agent_image=AGENT), node_order=order)
+    (stage,) = pod["spec"]["initContainers"]
+    (check,) = pod["spec"]["containers"]
+    assert (stage["name"], stage["args"]) == ("agent", ["apply"])
+    assert (check["name"], check["args"]) == ("check", ["apply-check"])
+    assert stage["env"] == check["env"]
+    assert stage["volumeMounts"] == check["volumeMounts"]
+    assert check["securityContext"] == {"privileged": True}
+    values = {e["name"]: e.get("value") for e in check["env"]}
+    assert values.get("NODEWRIGHT_NODE_ORDER") == env
+    assert pod["metadata"]["labels"][pods.LABEL_ROLE] == "stage"
+
+
+def _status(init: dict[str, Any], main: dict[str, Any], phase: str) -> dict[str, Any]:
+    return {
+        "phase": phase,
+        "initContainerStatuses": [{"name": "agent", "state": init}],
+        "containerStatuses": [{"name": "check", "state": main}],
+    }
+
+
+_T1 = "2026-01-01T00:00:05Z"
+
+
+def _exited(code: int, message: str = "") -> dict[str, Any]:
+    return {"terminated": {"exitCode": code, "message": message, "finishedAt": _T1}}
+
+
+_RUNNING = {"running": {"startedAt": _T1}}
+_INITIALIZING = {"waiting": {"reason": "PodInitializing"}}
+
+
+@pytest.mark.parametrize(
+    ("init", "main", "phase", "stage", "check"),
+    [
+        pytest.param(_RUNNING, _INITIALIZING, "Pending", "Pending", "Pending", id="stage-runs"),
+        pytest.param(_exited(0), _RUNNING, "Running", "Succeeded", "Running", id="check-runs"),
+        pytest.param(_exited(0), _exited(0), "Succeeded", "Succeeded", "Succeeded", id="passed"),
+        pytest.param(_exited(0), _exited(2), "Failed", "Succeeded", "Failed", id="check-failed"),
+        pytest.param(_exited(1), _INITIALIZING, "Failed", "Failed", "Pending", id="stage-failed"),
+        pytest.param({}, {}, "Failed", "Failed", "Pending", id="evicted-before-the-stage-ended"),
+    ],
+)
+def test_a_stage_pod_reads_as_its_stage_and_its_check(
+    init: dict[str, Any], main: dict[str, Any], phase: str, stage: str, check: str
+) -> None:
+    pod = _stage_pod(podspec.PodSettings(namespace="nw", agent_image=AGENT))
+    pod["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    pod["status"] = _status(init, main, phase)
+    got_stage, got_check = pods.parts(pod)
+    assert (got_stage.role, got_stage.phase) == ("stage", stage)
+    assert (got_check.role, got_check.phase) == ("check", check)
+    assert got_stage.key == got_check.key, "one pod, one attempt of one stage"
+    if stage == "Succeeded":
+        assert got_stage.exit_code == 0
+        # The check's clock starts when the stage ended.
+        assert got_stage.created is not None
+        assert got_check.created == got_stage.created + timedelta(seconds=5)
+
+
+def test_a_failed_stage_and_a_failed_check_each_say_their_own_exit() -> None:
+    pod = _stage_pod(podspec.PodSettings(namespace="nw", agent_image=AGENT))
+    pod["status"] = _status(_exited(3, "modprobe failed"), _INITIALIZING, "Failed")
+    stage = pods.part(pod, "stage")
+    assert stage is not None
+    assert (stage.exit_code, stage.message) == (3, "modprobe failed")
+    pod["status"] = _status(_exited(0), _exited(2, "vm.swappiness is 60"), "Failed")
+    stage, check = pods.parts(pod)
+    assert (stage.exit_code, stage.message) == (0, "")
+    assert (check.exit_code, check.message) == (2, "vm.swappiness is 60")
+
+
+def test_an_interrupt_pod_reads_as_one_view() -> None:
+    pod = {
+        "metadata": {"name": "i", "labels": {pods.LABEL_ROLE: "interrupt"}},
+        "spec": {"containers": [{"name": "agent"}]},
+        "status": {"phase": "Succeeded"},
+    }
+    (only,) = pods.parts(pod)
+    assert (only.role, only.phase) == ("interrupt", "Succeeded")
+
+
+@pytest.mark.parametrize(
+    ("wish", "expected"),
+    [
+        pytest.param("", {"sim.nodewright.nvidia.com/succeed-after": "4s"}, id="both-pass"),
+        pytest.param(
+            "nvidia-tuned/apply",
+            {
+                "sim.nodewright.nvidia.com/fail-after": "2s",
+                "sim.nodewright.nvidia.com/fail-init": "agent",
+            },
+            id="the-stage-fails",
+        ),
+        pytest.param(
+            "nvidia-tuned/apply-check",
+            {"sim.nodewright.nvidia.com/fail-after": "4s"},
+            id="the-check-fails",
+        ),
+    ],
+)
+def test_simulated_stage_pods_fail_their_stage_or_their_check(
+    wish: str, expected: dict[str, str]
+) -> None:
+    """kwok ends a pod's init containers at once, so a simulated stage pod takes a stage's
+    and a check's time together."""
+    annotations = {"sim.nodewright.nvidia.com/stage-duration": "2s"}
+    if wish:
+        annotations["sim.nodewright.nvidia.com/fail"] = wish
+    settings = podspec.PodSettings(namespace="nw", agent_image=AGENT, simulate=True)
+    pod = _stage_pod(settings, node_annotations=annotations)
+    got = {k: v for k, v in pod["metadata"]["annotations"].items() if k.startswith("sim.")}
+    assert {k: got.get(k) for k in expected} == expected
+    assert ("sim.nodewright.nvidia.com/fail-init" in got) == ("fail-init" in str(expected))

@@ -74,7 +74,7 @@ def _apply(raw: dict[str, Any], d: core.Decision, cr: str = CR) -> dict[str, Any
 def test_a_new_node_is_tainted_and_nothing_else_happens() -> None:
     d = _decide(_cr(), _node(AFTER))
     assert d.add_readiness_taint
-    assert (d.record, d.create, d.delete, d.publish) == (Keep(), (), (), ())
+    assert (d.record, d.publish) == (Keep(), ())
     assert not d.remove_readiness_taint
 
 

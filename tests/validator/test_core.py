@@ -1,5 +1,6 @@
-"""The validator core runs each finished stage's check, records verdicts with reasons,
-validates the node, and lifts the readiness taint only when allowed."""
+"""The validator core judges each finished stage's check (run in the stage's own pod),
+records verdicts with reasons, validates the node, and lifts the readiness taint only when
+allowed."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import msgspec
 import pytest
 
 from services.validator import core
-from shared import nodestate, podspec, progress
+from shared import nodestate, progress
 from shared.decisions import Keep
 from shared.pods import PodView
 from shared.podspec import PodRequest
@@ -41,6 +42,21 @@ def _facts(
     return progress.facts(node("n1", records=records, **kw), CR)
 
 
+def _req(
+    stage: str = "apply", *, attempt: int = 1, version: str = "0.9.0", cycle: str = ""
+) -> PodRequest:
+    """The stage pod the executor made for ``stage`` (its check is the view :func:`_pod`)."""
+    return PodRequest(
+        role="stage",
+        package="nvidia-tuned",
+        stage=stage,
+        version=version,
+        attempt=attempt,
+        cycle=cycle,
+        name=f"gpu-node-tuning-nvidia-tuned-{stage}-{attempt}",
+    )
+
+
 def _pod(req: PodRequest, phase: str, **kw: Any) -> PodView:
     return PodView(
         name=req.name,
@@ -67,50 +83,43 @@ APPLIED = ExecutorRecord(
 KEY = nodestate.check_key("nvidia-tuned", "0.9.0", "apply")
 
 
-def test_a_succeeded_stage_gets_a_check_pod_and_a_passing_check_is_published() -> None:
+def test_the_check_in_a_succeeded_stages_pod_is_judged_and_a_pass_published() -> None:
+    """Issue 15: the check runs in the stage's pod; the validator starts nothing and writes
+    nothing until the check ended."""
     cr = nodewright()
-    d1 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[], now=T0)
-    (req,) = d1.create
-    assert (req.role, req.stage, req.package) == ("check", "apply", "nvidia-tuned")
-    # Issue 15: a check that starts is not written down; its pod says it runs.
-    assert isinstance(d1.record, Keep)
-    again = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[_pod(req, "Running")], now=T0)
-    assert (again.record, again.create, again.delete) == (Keep(), (), ())
+    req = _req()
+    for pods in ([_pod(req, "Running")], [_pod(req, "Pending")]):
+        again = core.decide(cr=cr, node=_facts(APPLIED), check_pods=pods, now=T0)
+        assert (again.record, again.publish) == (Keep(), ())
     d2 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[_pod(req, "Succeeded")], now=T0)
     assert written(d2.record, ValidatorRecord).checks[KEY].verdict == "passed"
     assert [e.kind for e in d2.publish] == ["stage.validated"]
-    assert d2.delete == (req.name,)
+    # A pod of another attempt says nothing about this one.
+    other = _pod(_req(attempt=2), "Succeeded")
+    d3 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[other], now=T0)
+    assert isinstance(d3.record, Keep)
 
 
-def test_a_check_pod_whose_verdict_the_record_holds_is_deleted_without_a_fence() -> None:
-    """Issue 15: the delete of a check pod needs the fence write only while the record the
-    decision read could still want the pod; once that record holds the pod's verdict, no
-    later one can (a rerun gets a new attempt, so a new name)."""
+def test_a_stage_pod_gone_before_its_check_ended_fails_the_check_after_a_grace() -> None:
+    """The pod watch may deliver the pod after the node watch delivered the executor's
+    record; a pod still missing past the grace was deleted before its check ended."""
     cr = nodewright()
-    d1 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[], now=T0)
-    (req,) = d1.create
-    d2 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[_pod(req, "Succeeded")], now=T0)
-    assert d2.delete == (req.name,)
-    assert d2.settled == frozenset(), "decided on a record that did not hold the verdict yet"
-    passed = written(d2.record, ValidatorRecord)
-    later = T0 + timedelta(seconds=30)
-    d3 = core.decide(
-        cr=cr, node=_facts(APPLIED, passed), check_pods=[_pod(req, "Succeeded")], now=later
-    )
-    assert (d3.delete, d3.settled) == ((req.name,), frozenset({req.name}))
-    # A verdict older than the pod is about an earlier run under the same key: fenced.
-    early = msgspec.structs.replace(passed.checks[KEY], at=T0 - timedelta(seconds=1))
-    stale = msgspec.structs.replace(passed, checks={KEY: early})
-    d4 = core.decide(
-        cr=cr, node=_facts(APPLIED, stale), check_pods=[_pod(req, "Succeeded")], now=later
-    )
-    assert d4.settled == frozenset()
+    soon = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[], now=T0)
+    assert isinstance(soon.record, Keep)
+    assert soon.requeue_after == pytest.approx(core.POD_GONE_GRACE_S)
+    late = T0 + timedelta(seconds=core.POD_GONE_GRACE_S)
+    gone = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[], now=late)
+    verdict = written(gone.record, ValidatorRecord).checks[KEY]
+    assert verdict.verdict == "failed"
+    assert verdict.reason is not None
+    assert verdict.reason.code == "CheckFailed"
+    assert "nodewright node retry" in verdict.reason.message
+    assert [e.kind for e in gone.publish] == ["stage.validation-failed"]
 
 
-def test_a_failing_check_records_the_output_tail_and_keeps_the_pod() -> None:
+def test_a_failing_check_records_the_output_tail() -> None:
     cr = nodewright()
-    d1 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[], now=T0)
-    req = d1.create[0]
+    req = _req()
     failed = _pod(req, "Failed", exit_code=2, message="sysctl vm.swappiness is 60, want 10")
     d2 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[failed], now=T0)
     verdict = written(d2.record, ValidatorRecord).checks[KEY]
@@ -118,16 +127,15 @@ def test_a_failing_check_records_the_output_tail_and_keeps_the_pod() -> None:
     assert verdict.reason is not None
     assert verdict.reason.code == "CheckFailed"
     assert "want 10" in verdict.reason.message
-    assert d2.delete == ()
     assert [e.kind for e in d2.publish] == ["stage.validation-failed"]
     assert progress.turn(cr, _facts(APPLIED, written(d2.record, ValidatorRecord))) == "failed"
 
 
 def test_a_check_running_past_the_stage_timeout_fails() -> None:
-    """The timeout counts from the check pod's creation (nothing else records the start)."""
+    """The timeout counts from the check's start: the end of the stage before it in the pod
+    (``shared.pods.parts`` dates the check view so; nothing else records the start)."""
     cr = nodewright(stageTimeoutSeconds=30)
-    d1 = core.decide(cr=cr, node=_facts(APPLIED), check_pods=[], now=T0)
-    req = d1.create[0]
+    req = _req()
     late = dataclasses.replace(_pod(req, "Running"), created=T0 + timedelta(seconds=10))
     young = core.decide(
         cr=cr, node=_facts(APPLIED), check_pods=[late], now=T0 + timedelta(seconds=31)
@@ -204,7 +212,7 @@ def test_the_verdict_that_ends_the_last_cycle_validates_the_node_in_the_same_wri
     running = ValidatorRecord(checks={key: CheckRecord(verdict="running", at=T0)})
     facts = _facts(configured, running)
     assert progress.turn(cr, facts) == "executor", "the config stage's check is still running"
-    req = core.decide(cr=cr, node=_facts(configured), check_pods=[], now=T0).create[0]
+    req = _req("config")
     decision = core.decide(cr=cr, node=facts, check_pods=[_pod(req, "Succeeded")], now=T0)
     record = written(decision.record, ValidatorRecord)
     assert record.checks[key].verdict == "passed"
@@ -354,26 +362,3 @@ def test_verdicts_no_longer_wanted_cost_no_write_of_their_own() -> None:
     )
     d = core.decide(cr=cr, node=_facts(rec, kept), check_pods=[], now=T0)
     assert isinstance(d.record, Keep)
-
-
-@pytest.mark.parametrize(("order", "env"), [(0, "0"), (3, "3"), (None, None)])
-def test_check_pods_get_the_node_order_of_the_admission(order: int | None, env: str | None) -> None:
-    cr = nodewright()
-    records: dict[str, Any] = {
-        nodestate.SCHEDULER: msgspec.structs.replace(SEL, order=order),
-        nodestate.DRAINER: DRAINED,
-        nodestate.EXECUTOR: APPLIED,
-    }
-    facts = progress.facts(node("n1", records=records), CR)
-    (req,) = core.decide(cr=cr, node=facts, check_pods=[], now=T0).create
-    assert (req.role, req.node_order) == ("check", order)
-    pod = podspec.stage_pod(
-        req,
-        cr=cr,
-        node="n1",
-        node_annotations={},
-        settings=podspec.PodSettings(namespace="nw", agent_image="registry.example/agent:1"),
-        node_metadata="{}",
-    )
-    values = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-    assert values.get("NODEWRIGHT_NODE_ORDER") == env

@@ -14,7 +14,7 @@ from shared.nodestate import Request, Requests
 from shared.records.executor import ExecutorRecord, PackageRecord
 from shared.records.validator import CheckRecord, ValidatorRecord
 from tests.helpers.facts import T0, nodewright, written
-from tests.validator.test_core import _facts, _pod
+from tests.validator.test_core import _facts, _pod, _req
 
 PKG = "nvidia-tuned"
 KEY = nodestate.check_key(PKG, "0.9.0", "apply")
@@ -46,31 +46,27 @@ def _requests(*actions: str) -> Requests:
 
 def test_a_retried_stage_drops_the_old_verdict_and_gets_a_check_of_its_own() -> None:
     cr = nodewright()
-    failed_pod_req = core.decide(
-        cr=cr, node=_facts(_applied("succeeded", 1)), check_pods=[], now=T0
-    )
-    (old_req,) = failed_pod_req.create
+    old_req = _req(attempt=1)
     old_pod = _pod(old_req, "Failed", exit_code=2)
     # The executor runs apply again as attempt 2: the failed verdict is about attempt 1.
     running = core.decide(
         cr=cr, node=_facts(_applied("running", 2), FAILED), check_pods=[old_pod], now=T0
     )
     assert written(running.record, ValidatorRecord).checks == {}
-    assert running.delete == (old_req.name,), "the old check pod goes with its verdict"
     assert (
         progress.turn(cr, _facts(_applied("running", 2), written(running.record, ValidatorRecord)))
         == "executor"
     )
-    # Attempt 2 succeeded: its own check pod, under a new name.
+    # Attempt 2 succeeded: the check in its own pod, under a new name; the old pod's failed
+    # check says nothing about it.
+    req = _req(attempt=2)
     checked = core.decide(
         cr=cr,
         node=_facts(_applied("succeeded", 2), written(running.record, ValidatorRecord)),
-        check_pods=[],
+        check_pods=[old_pod, _pod(req, "Running")],
         now=T0,
     )
-    (req,) = checked.create
-    assert (req.attempt, req.name != old_req.name) == (2, True)
-    assert isinstance(checked.record, Keep), "a check that starts is not written down"
+    assert isinstance(checked.record, Keep), "a check that runs is not written down"
     passed = core.decide(
         cr=cr,
         node=_facts(_applied("succeeded", 2), written(running.record, ValidatorRecord)),
@@ -117,7 +113,7 @@ def test_decide_honours_new_requests_first_and_once() -> None:
         cr=cr, node=_facts(_applied("succeeded", 1), FAILED), check_pods=[], now=T0, requests=reqs
     )
     assert written(d.record, ValidatorRecord) == ValidatorRecord(honoured=1)
-    assert (d.create, d.requeue_after) == ((), 0.0)
+    assert d.requeue_after == 0.0
     again = core.decide(
         cr=cr,
         node=_facts(_applied("succeeded", 1), written(d.record, ValidatorRecord)),
@@ -125,14 +121,12 @@ def test_decide_honours_new_requests_first_and_once() -> None:
         now=T0,
         requests=reqs,
     )
-    assert isinstance(again.record, Keep), "the request is honoured; the check's start is no write"
-    assert [r.stage for r in again.create] == ["apply"]
+    assert isinstance(again.record, Keep), "the request is honoured; the check runs in its pod"
 
 
 def test_a_fresh_record_starts_having_honoured_every_request() -> None:
     cr = nodewright()
-    start = core.decide(cr=cr, node=_facts(_applied("succeeded", 1)), check_pods=[], now=T0)
-    (req,) = start.create
+    req = _req()
     d = core.decide(
         cr=cr,
         node=_facts(_applied("succeeded", 1)),
