@@ -29,13 +29,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal
 
+import msgspec
+
 from services.status import assessing
 from services.status.assessing import NodeView, Observed
 from shared import api, nodestate, progress, reasons
 from shared.progress import NodeFacts
 from shared.records.status import reported
 from shared.rollout import kernel
-from shared.rollout.book import read_batch_book
+from shared.rollout.book import CompartmentBatch, read_batch_book
 from shared.rollout.rules import DEFAULT_COMPARTMENT, compartment_rules
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -219,7 +221,9 @@ def _compartments(
 ) -> list[api.CompartmentStatus]:
     """Progress per compartment: admitted nodes count where the scheduler admitted them, the
     others where their labels assign them. Budget and waiting reason are the kernel's
-    (``plan``), the batch state the scheduler's, read from its batch book on the CR."""
+    (``plan``), the batch state the scheduler's, read from its batch book on the CR, with
+    the counts of the batch in flight as the kernel reads them from its nodes
+    (:func:`_batch_state`)."""
     rules = compartment_rules(cr, policy)
     members: dict[str, list[NodeView]] = {r.name: [] for r in rules}
     for v in targets:
@@ -242,7 +246,7 @@ def _compartments(
                 complete_nodes=complete,
                 failed_nodes=states.count("Failed"),
                 progress_percent=complete * 100 // len(nodes) if nodes else 0,
-                batch=entry.state if entry is not None else api.BatchState(),
+                batch=_batch_state(entry, decided.batch if decided is not None else None),
                 waiting_reason=wait.code if wait is not None else "",
                 waiting_message=assessing.truncate(
                     f"{wait.message} ({wait.nodes} nodes, e.g. {wait.example})", 1024
@@ -252,6 +256,24 @@ def _compartments(
             )
         )
     return out
+
+
+def _batch_state(
+    entry: CompartmentBatch | None, decided: CompartmentBatch | None
+) -> api.BatchState:
+    """The batch state the book holds, with the counts of its batch in flight as the kernel
+    counted them now (the book keeps a batch's counts from its opening until it closes:
+    ``kernel._as_persisted``). What the kernel would open or close next is the scheduler's
+    to write; until it has, the book's batch is shown."""
+    if entry is None:
+        return api.BatchState()
+    if decided is None or not entry.nodes or decided.nodes != entry.nodes:
+        return entry.state
+    return msgspec.structs.replace(
+        entry.state,
+        batch_succeeded_nodes=decided.state.batch_succeeded_nodes,
+        batch_failed_nodes=decided.state.batch_failed_nodes,
+    )
 
 
 # ---- conditions ---------------------------------------------------------------------------

@@ -144,7 +144,11 @@ def plan(
     known = {r.name for r in v.rules}
     fence = {**v.fence, **{a.node: a.resource_version for a in admits}}
     new_book = BatchBook(
-        compartments={k: c for k, c in compartments.items() if k in known},
+        compartments={
+            k: _as_persisted(c, start.compartments.get(k))
+            for k, c in compartments.items()
+            if k in known
+        },
         versions=start.versions,
         reset_token=start.token,
         admitted=counter,
@@ -196,6 +200,23 @@ def plan(
         compartments=tuple(out),
         events=tuple(notes),
     )
+
+
+def _as_persisted(entry: CompartmentBatch, before: CompartmentBatch | None) -> CompartmentBatch:
+    """``entry`` as the book keeps it: the counts of a batch still in flight
+    (``batchSucceededNodes``, ``batchFailedNodes``) as the book had them. They follow from
+    the batch's nodes on every pass (``phases.account``; the plan's compartments carry
+    them for the status), and writing them on every change was a NodeWright write per node
+    of every batch, which every service watching NodeWrights is sent (issue 15). The batch's
+    close writes its outcome into the totals."""
+    if before is None or not entry.nodes or entry.nodes != before.nodes:
+        return entry
+    kept = msgspec.structs.replace(
+        entry.state,
+        batch_succeeded_nodes=before.state.batch_succeeded_nodes,
+        batch_failed_nodes=before.state.batch_failed_nodes,
+    )
+    return msgspec.structs.replace(entry, state=kept)
 
 
 def _unless_only_seen(new: BatchBook, book: BatchBook) -> BatchBook:

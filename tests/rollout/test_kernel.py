@@ -359,6 +359,31 @@ def test_failed_nodes_end_their_batch_but_keep_their_budget_slot() -> None:
     assert [a.node for a in p.admit] == ["n002"]
 
 
+def test_a_node_of_the_batch_in_flight_finishing_writes_no_book_its_close_does() -> None:
+    """Issue 15: the counts of a batch in flight follow from its nodes on every pass, so the
+    book (a NodeWright write every service watching NodeWrights is sent) keeps them only
+    when the batch closes; the plan's compartments carry them as they are now."""
+    pol = _policy({"default": {"budget": {"count": 3}, "strategy": _strategy("fixed", 3, 0)}})
+    r = Rollout(_cr(), pol, {n.name: n for n in _fleet(6)})
+    opened = r.step()
+    (first, second, third) = (a.node for a in opened.admit)
+    r.step()  # the admissions landed: the fence goes (one write per batch)
+    r.nodes[first] = simulation.as_done(r.cr, r.nodes[first])
+    r.nodes[second] = _failed(r.cr, r.nodes[second])
+    p = r.decide()
+    assert p.book == r.book, "no book write while the batch runs"
+    (comp,) = p.compartments
+    live = comp.batch.state
+    assert (live.batch_succeeded_nodes, live.batch_failed_nodes) == (1, 1)
+    r.nodes[third] = simulation.as_done(r.cr, r.nodes[third])
+    closed = r.step().book.compartments[DEFAULT_COMPARTMENT].state
+    assert (closed.current_batch, closed.total_succeeded_nodes, closed.total_failed_nodes) == (
+        2,
+        2,
+        1,
+    )
+
+
 def test_windows_gate_only_the_start_of_new_nodes() -> None:
     window = {"start": "10:00", "end": "11:00", "timeZone": "UTC"}
     pol = _policy(
