@@ -60,6 +60,9 @@ class LeaderElector:
     """The foreign lease record last seen (holder, renewTime) ..."""
     _observed_at: float = 0.0
     """... and when (``monotonic``) it was first seen unchanged."""
+    _held: dict[str, Any] | None = None
+    """The lease as this holder's last write left it: a renewal replaces it without reading
+    it first (its resourceVersion is the lock; a 409 says someone else wrote it since)."""
 
     @property
     def _path(self) -> str:
@@ -102,6 +105,16 @@ class LeaderElector:
             "leaseDurationSeconds": int(self.duration_s),
             "renewTime": _fmt(now),
         }
+        if self._held is not None and self.is_leader:
+            lease, self._held = self._held, None
+            lease["spec"] = {**(lease.get("spec") or {}), **spec}
+            try:
+                self._held = await self.kube.replace(self._path, lease)
+                return True
+            except ApiError as exc:
+                if not (exc.conflict or exc.not_found):
+                    raise
+                # Written or removed by someone else since: read it, as a candidate does.
         try:
             lease = await self.kube.get(self._path)
         except ApiError as exc:
@@ -114,7 +127,7 @@ class LeaderElector:
                 "spec": {**spec, "acquireTime": _fmt(now), "leaseTransitions": 0},
             }
             try:
-                await self.kube.create(
+                self._held = await self.kube.create(
                     path_of(group="coordination.k8s.io", plural="leases", namespace=self.namespace),
                     body,
                 )
@@ -134,7 +147,8 @@ class LeaderElector:
             new_spec["leaseTransitions"] = int(current.get("leaseTransitions") or 0) + 1
         lease["spec"] = new_spec
         try:
-            await self.kube.replace(self._path, lease)  # resourceVersion in body: optimistic lock
+            # resourceVersion in the body: optimistic lock
+            self._held = await self.kube.replace(self._path, lease)
         except ApiError as exc:
             if exc.conflict:
                 return False

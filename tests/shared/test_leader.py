@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -132,3 +132,56 @@ async def test_an_unreachable_api_server_is_not_leadership_and_never_ends_the_el
         return not listed["items"]
 
     await eventually(untouched, timeout_s=1, what="no lease in the namespace")
+
+
+async def _until(holds: Callable[[], bool], what: str) -> None:
+    async def probe() -> bool:
+        return holds()
+
+    await eventually(probe, timeout_s=10, what=what)
+
+
+class _Counting:
+    """The API client, counting the reads of the Lease (issue 15: a renewal is one PUT)."""
+
+    def __init__(self, kapi: Kube) -> None:
+        self.kapi, self.gets, self.puts = kapi, 0, 0
+
+    async def get(self, path: str, **query: object) -> dict[str, object]:
+        self.gets += 1
+        return await self.kapi.get(path)
+
+    async def create(self, path: str, body: dict[str, object]) -> dict[str, object]:
+        return await self.kapi.create(path, body)
+
+    async def replace(self, path: str, body: dict[str, object]) -> dict[str, object]:
+        self.puts += 1
+        return await self.kapi.replace(path, body)
+
+
+async def test_a_leader_renews_with_one_write_and_reads_the_lease_after_a_foreign_write(
+    kapi: Kube, namespace: str
+) -> None:
+    counting = _Counting(kapi)
+    elector = LeaderElector(
+        kube=counting,  # type: ignore[arg-type]
+        namespace=namespace,
+        name="election",
+        identity="a",
+        duration_s=2,
+    )
+    async with running(elector):
+        await asyncio.wait_for(elector.became_leader.wait(), 10)
+        await _until(lambda: counting.puts >= 3, "three renewals")
+        assert counting.gets == 1, "read once, when it campaigned; renewed without reading"
+        # Someone else writes the lease: the next renewal meets a 409, reads it and renews
+        # it in the same round (no flap of leadership).
+        path = path_of(group=LEASES, plural="leases", namespace=namespace, name="election")
+        lease = await kapi.get(path)
+        lease["metadata"].setdefault("labels", {})["touched"] = "yes"
+        await kapi.replace(path, lease)
+        await _until(lambda: counting.gets >= 2, "a read after the foreign write")
+        puts = counting.puts
+        await _until(lambda: counting.puts > puts + 1, "renewals again")
+        assert elector.is_leader
+        assert not elector.lost_leadership.is_set()
