@@ -480,7 +480,7 @@ async def test_case_7_a_reinstall_after_an_uninstall_gets_new_pod_names(
         second = set(ledger.uids) - first
     assert not ledger.duplicates(), "a pod name was used twice"
     apply_pods = sorted(n for n in ledger.uids if "-tuning-apply-" in n)
-    assert len(apply_pods) >= 4, apply_pods  # apply and apply-check, twice
+    assert len(apply_pods) >= 2, apply_pods  # apply (and its check, in the same pod), twice
     assert {n for n in second if "-apply-" in n}, "the reinstall ran apply with new names"
     assert not first & second
     sel = nodestate.read(await kapi.get(f"{NODES}/cy-0"), nodestate.SCHEDULER, "cycles", Selection)

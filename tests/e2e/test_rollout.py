@@ -455,7 +455,7 @@ async def test_the_five_services_in_one_process_give_the_same_result_with_one_wa
         assert max(cordons.samples) <= 3
         assert not ledger.duplicates()
         assert ledger.repeated() == {}
-        assert len(ledger.uids) == 12 * 4
+        assert len(ledger.uids) == 12 * 2  # apply and config, each with its check
     requests = service_requests(services.fleet)[TOGETHER]
     # Alone, each of the five services lists and watches the nodes and the NodeWrights.
     for resource in ("nodes", "nodewrights"):
