@@ -25,6 +25,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from shared import api, events
+from shared.events import Event
 from shared.podspec import PodRequest
 from shared.progress import NodeFacts
 
@@ -115,6 +116,10 @@ class NodeDecision:
     current record cannot still need such a pod, however stale the cache: deleting it asks
     for no fence write (1.5 precondition-only Node PATCHes per node per service, issue 15)."""
     events: tuple[events.Event, ...] = ()
+    announce: tuple[Event, ...] = ()
+    """Events of what pods say, published before the node write and without one (the
+    executor's ``stage.succeeded``): deterministic, so any pass may send them again; no pod
+    of :attr:`delete` is deleted before the stream holds them (the pod is what says it)."""
     requeue_after: float | None = None
     observed_version: str = ""
     """The resourceVersion of the node the decision was taken on: the write's precondition.

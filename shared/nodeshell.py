@@ -170,13 +170,15 @@ async def apply(
     bus: EventPort,
     objects: ObjectPort | None = None,
     written: Callable[[], None] | None = None,
+    announced: Callable[[Sequence[events.Event]], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> float | None:
     """Carry out ``decision``; return when to look at the key again (None: when something
     changes). ``written`` is called once the node write landed (what it
-    recorded happened, once: a stale write of another replica does not land). ``clock`` times
-    the create window, ``now`` pods' ages."""
+    recorded happened, once: a stale write of another replica does not land), ``announced``
+    with the announcements this pass published (:attr:`NodeDecision.announce`). ``clock``
+    times the create window, ``now`` pods' ages."""
     where = {"nodewright": decision.cr, "node": decision.node}
     # Pods too young to delete are left for a later pass, and do not ask for the fence
     # write on their own: a finished pod waits MIN_POD_AGE_S, and every change of the node
@@ -190,6 +192,11 @@ async def apply(
     cached = nodes.get(decision.node)
     if cached is None:
         return None  # gone: its pods and records go with it
+    said = await _announce(decision, bus, announced)
+    if said is not None:
+        # The stream does not hold what the pods say yet: they stay until it does.
+        decision = replace(decision, delete=())
+        again_young = _sooner(again_young, said)
     held = outbox.pending(cached, decision.owner, decision.cr)
     unpublished = tuple(e for e in held if not bus.delivered(e))
     if decision.patches_node:
@@ -225,6 +232,29 @@ async def apply(
     if flushed is not None:
         again = _sooner(again, flushed)
     return again
+
+
+async def _announce(
+    decision: NodeDecision,
+    bus: EventPort,
+    announced: Callable[[Sequence[events.Event]], None] | None,
+) -> float | None:
+    """Publish the decision's announcements the stream is not known to hold; None when it
+    holds them all, else when to try again."""
+    todo = [e for e in decision.announce if not bus.delivered(e)]
+    if not todo:
+        return None
+    try:
+        await bus.settle(todo)
+    except Unpublished as exc:
+        _log.warning(
+            "Held pod deletes until the stream takes their events",
+            extra={"nodewright": decision.cr, "node": decision.node, "error": str(exc)},
+        )
+        return UNPUBLISHED_RETRY_S
+    if announced is not None:
+        announced(todo)
+    return None
 
 
 async def _objects(

@@ -126,6 +126,11 @@ class PodView:
     image_volume: bool = False
     """The pod mounts its package image as an image volume (packageStaging: image-volume)."""
     cycle: str = ""
+    checked: bool = False
+    """The stage part of a pod that runs the stage's check after it (:func:`parts`): the
+    check's verdict, not a write of the stage's end, is what records that it succeeded."""
+    ended: datetime | None = None
+    """When the stage part's container exited (the stage part of :func:`parts`), if it did."""
 
     @property
     def image_pull_failed(self) -> bool:
@@ -190,7 +195,7 @@ def parts(pod: Mapping[str, Any]) -> tuple[PodView, ...]:
         check_phase = "Pending"  # the check has not started: the stage has not succeeded
     started = _finished_at(inits, STAGE_CONTAINER)
     return (
-        replace(stage, role="stage", phase=stage_phase),
+        replace(stage, role="stage", phase=stage_phase, checked=True, ended=started),
         # The check's clock (its timeout, its image's grace) starts when the stage ended,
         # not when the pod was made.
         replace(check, role="check", phase=check_phase, created=started or check.created),

@@ -367,30 +367,43 @@ def finish_cycle(r: PackageRecord, *, config: str, config_keys: Mapping[str, str
 
 
 def finished_cycles(record: ExecutorRecord, checks: Verdicts) -> ExecutorRecord:
-    """The executor's record as every service reads it: a package whose cycle's last stage
-    succeeded and whose check passed for that attempt counts as finished (installed, its
-    configuration applied), as if the executor had written so.
+    """The executor's record as every service reads it, with what the validator's verdicts
+    say the executor did not write (issue 15: a Node write each, and a hop of latency):
 
-    The executor does not write that step (issue 15: a Node write per package and node, and
-    a hop of latency before the validator could validate the node): the verdict that ends the
-    cycle is the validator's write, and the end of the cycle follows from it. The executor's
-    next write of the record for another reason carries the finished form. Uninstall cycles
-    end by the record's removal, which the executor does write; records written before
-    ``cycle_config`` existed are finished by the executor as before.
+    - a stage still recorded as running whose check has a verdict (passed or failed) for
+      that attempt succeeded: its check runs in the same pod and starts only once the stage
+      exited 0 (``shared.pods.parts``), so the verdict is the record of the stage's end;
+    - a package whose cycle's last stage succeeded and whose check passed for that attempt
+      counts as finished (installed, its configuration applied).
+
+    The executor's next write of the record for another reason carries this form. Uninstall
+    cycles end by the record's removal, which the executor does write; records written
+    before ``cycle_config`` existed are finished by the executor as before.
     """
     if not checks or not record.packages:
         return record
     changed: dict[str, PackageRecord] = {}
     for name, r in record.packages.items():
+        v = checks.get(nodestate.check_key(name, r.version, r.stage))
+        if v is None or not verdict_about(r, v):
+            continue
+        if (
+            r.state == "running"
+            and r.stage in CHECKED_STAGES
+            and v.verdict != "running"
+            # Only a verdict that names this cycle: one of another cycle with the same
+            # stage and attempt (not yet dropped by the validator) says nothing of this run.
+            and v.cycle
+        ):
+            r = msgspec.structs.replace(r, state="succeeded", updated=v.at)
+            changed[name] = r
         if (
             r.state != "succeeded"
             or r.cycle == "uninstall"
             or not r.cycle_config
             or next_stage(r) is not None
+            or v.verdict != "passed"
         ):
-            continue
-        v = checks.get(nodestate.check_key(name, r.version, r.stage))
-        if v is None or v.verdict != "passed" or v.attempt != r.attempt:
             continue
         changed[name] = msgspec.structs.replace(
             finish_cycle(r, config=r.cycle_config, config_keys=r.cycle_keys), updated=v.at
@@ -633,6 +646,13 @@ _STAGE_RANK: dict[str, int] = {
 def cycle_of(r: PackageRecord) -> str:
     """The cycle a package record is in, as stage pods carry it."""
     return r.cycle_started.isoformat() if r.cycle_started is not None else ""
+
+
+def verdict_about(r: PackageRecord, v: CheckRecord) -> bool:
+    """The check verdict ``v`` (found under ``r``'s current stage and version) is about
+    ``r``'s current run of that stage: its attempt, and its cycle where the verdict names
+    one (verdicts written before :attr:`CheckRecord.cycle` existed do not)."""
+    return v.attempt == r.attempt and (not v.cycle or v.cycle == cycle_of(r))
 
 
 def stage_passed(

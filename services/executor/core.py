@@ -84,6 +84,10 @@ class Decision:
     settled: frozenset[str] = frozenset()
     """Among :attr:`delete`: the pods the record already moved past (:func:`_settled`)."""
     publish: tuple[events.Event, ...] = ()
+    announce: tuple[events.StageSucceeded, ...] = ()
+    """Events of what the pods say, published without a write: ``stage.succeeded`` of each
+    stage whose pod runs its check (:func:`_announce`). The shell deletes none of
+    :attr:`delete` before the stream holds them."""
     requeue_after: float | None = None
     problem: str = ""
     """Why nothing can be decided (for the shell to log), e.g. an undecodable record."""
@@ -95,6 +99,7 @@ class _Work(Work):
 
     packages: dict[str, PackageRecord]
     interrupt: InterruptRecord | None
+    announce: dict[str, events.StageSucceeded] = field(default_factory=dict)
 
 
 def pod_name(cr: str, node: str, req: PodRequest) -> str:
@@ -344,6 +349,27 @@ def _no_pod(w: _Work, d: Desired, r: PackageRecord) -> Reason:
     )
 
 
+def _announce(w: _Work, pod: PodView) -> None:
+    """``stage.succeeded`` of ``pod``'s stage, as the pod says: stamped with the stage's
+    end, so every pass (of any replica, after any restart) makes the same event, and the
+    stream keeps one (deterministic id; an old one is looked up before it is sent again)."""
+    event = events.StageSucceeded(
+        id=events.event_id(
+            w.cr.metadata.name, w.node.name, pod.package, pod.version, pod.stage, pod.attempt, "ok"
+        ),
+        at=pod.ended or pod.created or w.now,
+        cr=w.cr.metadata.name,
+        generation=w.cr.metadata.generation,
+        node=w.node.name,
+        source=w.source,
+        package=pod.package,
+        version=pod.version,
+        stage=pod.stage,
+        attempt=pod.attempt,
+    )
+    w.announce.setdefault(event.id, event)
+
+
 def _observe_stage(
     w: _Work, d: Desired, r: PackageRecord, pod: PodView | None, grace: float
 ) -> PackageRecord:
@@ -352,7 +378,16 @@ def _observe_stage(
     if pod is None:
         return r
     w.keep.add(pod.name)
+    if pod.phase == "Succeeded" and pod.checked and progress.cycle_of(r):
+        # Its check runs now, in this pod: the validator's verdict records that the stage
+        # succeeded (progress.finished_cycles), no write of ours (issue 15). The check has
+        # its own timeout, from the stage's end.
+        _announce(w, pod)
+        return r
     if pod.phase == "Succeeded":
+        # A pod without a check container, or a record without a cycle (both of an earlier
+        # version): recorded here; the validator judges the check of a succeeded stage
+        # (a pod without one fails it as a pod that went away).
         w.out.emit(
             events.StageSucceeded,
             d.name,
@@ -447,7 +482,7 @@ def _spec_changed(w: _Work, d: Desired, r: PackageRecord) -> bool:
         r.state == "succeeded"
         and verdict is not None
         and verdict.verdict == "failed"
-        and verdict.attempt == r.attempt
+        and progress.verdict_about(r, verdict)
     )
 
 
@@ -503,10 +538,12 @@ def _packages(
         # succeeded: the check runs in the stage's pod; wait for the validator's verdict on
         # this attempt's check
         verdict = w.node.validator.checks.get(check_key(name, r.version, r.stage))
-        if verdict is None or verdict.verdict != "passed" or verdict.attempt != r.attempt:
+        if verdict is None or verdict.verdict != "passed" or not progress.verdict_about(r, verdict):
             pod = pods_by.get(_key(r, name))
             if pod is not None:
                 w.keep.add(pod.name)  # its check runs, or failed: kept for its logs
+                if pod.checked and pod.phase == "Succeeded":
+                    _announce(w, pod)
             continue
         if may_start:
             if r.cycle == "uninstall" and progress.next_stage(r) is None:
@@ -701,7 +738,7 @@ def _retry(
             r.state == "succeeded"
             and verdict is not None
             and verdict.verdict == "failed"
-            and verdict.attempt == r.attempt
+            and progress.verdict_about(r, verdict)
         )
         if r.state == "failed" or check_failed:
             packages[name] = _again(r, now, spec=d.spec_digest)
@@ -859,6 +896,11 @@ def decide(
         _packages(w, desired, pods_by, image_pull_grace_s, may_start)
         _interrupt(w, desired, pods_by, image_pull_grace_s, may_start)
     gone = [p for p in mine if p.name not in w.keep and not p.deleting]
+    for p in gone:
+        if p.role == "stage" and p.checked and p.phase == "Succeeded":
+            # Said before the pod goes (the shell holds the delete until the stream holds
+            # it): once the pod is gone, nothing says its stage succeeded any more.
+            _announce(w, p)
     delete = tuple(sorted(p.name for p in gone))
     settled = frozenset(p.name for p in gone if _settled(node.executor.packages, p))
     # A fresh record starts out having honoured every request: there was nothing to act on.
@@ -890,5 +932,6 @@ def decide(
         delete=delete,
         settled=settled,
         publish=tuple(w.out.events),
+        announce=tuple(w.announce.values()),
         requeue_after=w.requeue,
     )

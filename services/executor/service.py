@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -28,6 +28,7 @@ from services.executor.config import Settings
 from shared import (
     api,
     durations,
+    events,
     nodemetadata,
     nodeshell,
     nodestate,
@@ -236,14 +237,23 @@ class Executor:
                 )
             )
 
-        def observe() -> None:
-            # Once per result: the write recording it landed.
-            for event in decision.publish:
+        def observe(results: Sequence[events.Event]) -> None:
+            for event in results:
                 took = durations.stage_seconds(event, facts)
                 if took is not None:
                     self._stage_seconds.labels(*took[0]).observe(took[1])
 
-        return await self._apply(cr_name, raw_node, decision, config_maps, bodies, observe)
+        return await self._apply(
+            cr_name,
+            raw_node,
+            decision,
+            config_maps,
+            bodies,
+            # Once per result: the write recording it landed, or (a stage whose check runs in
+            # its pod) this process published what the pod says.
+            written=lambda: observe(decision.publish),
+            announced=observe,
+        )
 
     def _log_decision(
         self, cr: str, node: str, before: ExecutorRecord, decision: core.Decision
@@ -272,6 +282,7 @@ class Executor:
         config_maps: list[JSON],
         bodies: list[JSON],
         written: Callable[[], None] | None = None,
+        announced: Callable[[Sequence[events.Event]], None] | None = None,
     ) -> float | None:
         """Carry out the core's decision through the shared per-node shell. Pods are only
         created after a resourceVersion-checked write (``fence``): creating a pod the record
@@ -291,12 +302,14 @@ class Executor:
                 delete=nodeshell.pod_refs(self.pods, self.ctx.settings.namespace, decision.delete),
                 settled=decision.settled,
                 events=decision.publish,
+                announce=decision.announce,
                 requeue_after=decision.requeue_after,
             ),
             nodes=self.node_port,
             objects=self.object_port,
             bus=self.bus_port,
             written=written,
+            announced=announced,
         )
 
 

@@ -3,9 +3,10 @@ when a node is validated, and when its readiness taint may go.
 
 For one (NodeWright, node) pair:
 
-- every package stage the executor recorded as succeeded is checked in its own pod, whose
-  main container runs the agent's ``<stage>-check`` mode once the stage exited 0
-  (``shared.pods.parts``); the verdict is recorded as passed, or failed with a
+- every package stage is checked in its own pod, whose main container runs the agent's
+  ``<stage>-check`` mode once the stage exited 0 (``shared.pods.parts``): the executor
+  records no stage's success, the verdict does (``shared.progress.finished_cycles``). The
+  verdict is recorded as passed, or failed with a
   machine-readable reason carrying the check's output tail (``CheckFailed``), the image
   that cannot be pulled (``ImagePullFailed``), the timeout (``CheckTimeout``) or the pod
   that went away before its check ended (``CheckFailed``). The validator creates and
@@ -113,11 +114,14 @@ cache before its check is failed: the pod watch may deliver the pod after the no
 delivered the record."""
 
 
-def _gone(package: str, version: str, stage: str, attempt: int, now: datetime) -> CheckRecord:
+def _gone(
+    package: str, version: str, stage: str, attempt: int, cycle: str, now: datetime
+) -> CheckRecord:
     return CheckRecord(
         verdict="failed",
         at=now,
         attempt=attempt,
+        cycle=cycle,
         reason=Reason(
             code=reasons.CHECK_FAILED,
             message=(
@@ -135,13 +139,14 @@ def _verdict_from_pod(
 ) -> CheckRecord | None:
     ref = (pods.pods_kind_ref(pod),)
     if pod.phase == "Succeeded":
-        return CheckRecord(verdict="passed", at=now, attempt=pod.attempt)
+        return CheckRecord(verdict="passed", at=now, attempt=pod.attempt, cycle=pod.cycle)
     if pod.phase == "Failed":
         said, details = pods.agent_outcome(pod)
         return CheckRecord(
             verdict="failed",
             at=now,
             attempt=pod.attempt,
+            cycle=pod.cycle,
             reason=Reason(
                 code=reasons.CHECK_FAILED,
                 message=(
@@ -154,12 +159,15 @@ def _verdict_from_pod(
         )
     pull = pods.start_failure(pod, now=now, grace_s=grace)
     if pull is not None:
-        return CheckRecord(verdict="failed", at=now, reason=pull, attempt=pod.attempt)
+        return CheckRecord(
+            verdict="failed", at=now, reason=pull, attempt=pod.attempt, cycle=pod.cycle
+        )
     if (now - started).total_seconds() >= timeout:
         return CheckRecord(
             verdict="failed",
             at=now,
             attempt=pod.attempt,
+            cycle=pod.cycle,
             reason=Reason(
                 code=reasons.CHECK_TIMEOUT,
                 message=f"check {pod.stage}-check of {pod.package} ran longer than {timeout}s",
@@ -189,14 +197,21 @@ def _checks(w: _Work, check_pods: Mapping[PodKey, PodView], grace: float) -> set
             continue
         wanted.add(key)
         stale = w.checks.get(key)
-        if stale is not None and stale.attempt != r.attempt:
-            del w.checks[key]  # about an earlier attempt of the stage, run again since
-        if r.state != "succeeded":
+        if stale is not None and not progress.verdict_about(r, stale):
+            del w.checks[key]  # about an earlier run of the stage (attempt or cycle)
+        if r.state == "failed":
             continue
         v = w.checks.get(key)
         if v is not None and v.verdict != "running":
             continue
         pod = check_pods.get((name, r.stage, r.version, r.attempt, progress.cycle_of(r)))
+        if r.state == "running" and (
+            pod is None or pod.phase == "Pending" or not progress.cycle_of(r)
+        ):
+            # The stage runs (its pod's check starts once it exited 0), or its pod is gone
+            # and the executor makes it again: the executor's to judge. A record without a
+            # cycle (an earlier version's) is written as succeeded first.
+            continue
         verdict: CheckRecord | None
         if pod is None:
             # The executor saw the pod's stage end: a pod missing past the grace was deleted
@@ -205,7 +220,7 @@ def _checks(w: _Work, check_pods: Mapping[PodKey, PodView], grace: float) -> set
             if waited < POD_GONE_GRACE_S:
                 w.later(POD_GONE_GRACE_S - waited)
                 continue
-            verdict = _gone(name, r.version, r.stage, r.attempt, w.now)
+            verdict = _gone(name, r.version, r.stage, r.attempt, progress.cycle_of(r), w.now)
         else:
             timeout = d.spec.stage_timeout_seconds or w.cr.spec.stage_timeout_seconds
             # A "running" verdict is an earlier version's record of the start.

@@ -24,6 +24,11 @@ class CheckRecord(Record, frozen=True, kw_only=True, omit_defaults=True):
     attempt: int = 1
     """The executor's attempt of the stage this verdict is about: a verdict about an
     earlier attempt (before a retry or rerun) no longer counts."""
+    cycle: str = ""
+    """The cycle of the stage run this verdict is about (its start, as the stage pod
+    carries it): a cycle that comes back to a stage and attempt another one checked (a
+    package changed back to a version before the validator wrote again) is not taken for
+    checked. Empty in verdicts written before it was recorded."""
 
 
 class ValidatorRecord(Record, frozen=True, kw_only=True, omit_defaults=True):

@@ -35,12 +35,28 @@ def _facts(
         records[nodestate.EXECUTOR] = executor
     if checks:
         records[nodestate.VALIDATOR] = ValidatorRecord(
-            checks={k: CheckRecord(verdict=v, at=T0) for k, v in checks.items()}  # type: ignore[arg-type]
+            checks={
+                k: CheckRecord(verdict=v, at=T0, cycle=_cycle_of(executor, k))  # type: ignore[arg-type]
+                for k, v in checks.items()
+            }
         )
     return progress.facts(node("n1", records=records, **kw), CR)
 
 
+def _cycle_of(executor: ExecutorRecord | None, key: str) -> str:
+    """The cycle of the run a verdict under ``key`` is about: the record's, when it is at
+    that stage (a check judged from the stage's pod names it)."""
+    name, version, stage = key.split("/", 2)
+    r = executor.packages.get(name) if executor is not None else None
+    if r is None or (r.version, r.stage) != (version, stage):
+        return ""
+    return progress.cycle_of(r)
+
+
 def _pod(req: PodRequest, phase: str, **kw: Any) -> PodView:
+    """The stage part of a stage pod (its check runs after it in the same pod)."""
+    kw.setdefault("checked", req.role == "stage")
+    kw.setdefault("ended", T0 if phase == "Succeeded" else None)
     return PodView(
         name=req.name,
         cr=CR,
@@ -75,31 +91,37 @@ def test_a_fresh_node_starts_apply_then_config_after_each_check_passes() -> None
     assert _rec(d1).packages["nvidia-tuned"].state == "running"
     assert [e.kind for e in d1.publish] == ["stage.started"]
 
-    # The pod succeeded: recorded, but config waits for the validator's check.
+    # The stage exited 0 and its check runs in the same pod: no write (issue 15: the
+    # check's verdict records that the stage succeeded), the event said from the pod, stamped
+    # with the stage's end; config waits for the verdict.
     d2 = core.decide(cr=cr, node=_facts(_rec(d1)), node_pods=[_pod(req, "Succeeded")], now=T0)
-    assert _rec(d2).packages["nvidia-tuned"].state == "succeeded"
-    assert d2.create == ()
-    d3 = core.decide(cr=cr, node=_facts(_rec(d2)), node_pods=[_pod(req, "Succeeded")], now=T0)
-    assert isinstance(d3.record, Keep)
-    assert (d3.create, d3.delete) == ((), ()), "the check runs in the stage's pod"
+    assert isinstance(d2.record, Keep)
+    assert (d2.create, d2.delete, d2.publish) == ((), (), ()), "the check runs in the stage's pod"
+    (said,) = d2.announce
+    assert (said.kind, said.stage, said.attempt, said.at) == ("stage.succeeded", "apply", 1, T0)
+    # The id the executor's outbox gave it when it wrote the stage's end: one event either way.
+    assert said.id == "gpu-node-tuning/n1/nvidia-tuned/0.9.0/apply/1/ok"
 
-    # Check passed: the apply pod goes, config starts.
+    # Check passed: the apply pod goes (said first), config starts.
     checks = {nodestate.check_key("nvidia-tuned", "0.9.0", "apply"): "passed"}
     d4 = core.decide(
-        cr=cr, node=_facts(_rec(d2), checks), node_pods=[_pod(req, "Succeeded")], now=T0
+        cr=cr, node=_facts(_rec(d1), checks), node_pods=[_pod(req, "Succeeded")], now=T0
     )
     assert [r.stage for r in d4.create] == ["config"]
     assert d4.delete == (req.name,)
+    assert [e.id for e in d4.announce] == [said.id]
+    assert [e.kind for e in d4.publish] == ["stage.started"]
 
     # Config done and checked: the package is installed.
     cfg = d4.create[0]
     d5 = core.decide(
         cr=cr, node=_facts(_rec(d4), checks), node_pods=[_pod(cfg, "Succeeded")], now=T0
     )
+    assert isinstance(d5.record, Keep)
     checks[nodestate.check_key("nvidia-tuned", "0.9.0", "config")] = "passed"
     # The verdict ends the cycle for every reader: the package is installed as the facts
     # read it, and the executor has nothing to write for it (issue 15).
-    checked = _facts(_rec(d5), checks)
+    checked = _facts(_rec(d4), checks)
     final = checked.executor.packages["nvidia-tuned"]
     assert (final.installed, final.previous, final.cycle_config) == ("0.9.0", "", "")
     assert progress.package_done(progress.desired(cr)["nvidia-tuned"], final)
@@ -118,9 +140,9 @@ def test_a_stage_pod_the_record_moved_past_is_deleted_without_a_fence() -> None:
     apply_pod = _pod(req, "Succeeded")
     d2 = core.decide(cr=cr, node=_facts(_rec(d1)), node_pods=[apply_pod], now=T0)
     assert d2.delete == ()
-    assert _rec(d2).packages["nvidia-tuned"].state == "succeeded"
+    assert isinstance(d2.record, Keep)
     checks = {nodestate.check_key("nvidia-tuned", "0.9.0", "apply"): "passed"}
-    d3 = core.decide(cr=cr, node=_facts(_rec(d2), checks), node_pods=[apply_pod], now=T0)
+    d3 = core.decide(cr=cr, node=_facts(_rec(d1), checks), node_pods=[apply_pod], now=T0)
     assert (d3.delete, d3.settled) == ((req.name,), frozenset({req.name})), "outcome folded in"
     cfg = d3.create[0]
     d4 = core.decide(cr=cr, node=_facts(_rec(d3), checks), node_pods=[apply_pod], now=T0)
@@ -144,18 +166,52 @@ def test_a_stage_pod_stays_while_its_check_runs_and_after_it_failed() -> None:
     (req,) = d1.create
     stage_done = _pod(req, "Succeeded")  # the stage part: its check may still run
     d2 = core.decide(cr=cr, node=_facts(_rec(d1)), node_pods=[stage_done], now=T0)
-    assert _rec(d2).packages["nvidia-tuned"].state == "succeeded"
+    assert isinstance(d2.record, Keep)
     assert d2.delete == ()
     key = nodestate.check_key("nvidia-tuned", "0.9.0", "apply")
     for verdict in ("running", "failed"):
         kept = core.decide(
-            cr=cr, node=_facts(_rec(d2), {key: verdict}), node_pods=[stage_done], now=T0
+            cr=cr, node=_facts(_rec(d1), {key: verdict}), node_pods=[stage_done], now=T0
         )
         assert kept.delete == (), verdict
     passed = core.decide(
-        cr=cr, node=_facts(_rec(d2), {key: "passed"}), node_pods=[stage_done], now=T0
+        cr=cr, node=_facts(_rec(d1), {key: "passed"}), node_pods=[stage_done], now=T0
     )
     assert passed.delete == (req.name,)
+
+
+def test_a_stage_whose_check_runs_is_not_timed_out_nor_restarted_and_a_lost_pod_is_made_again() -> (
+    None
+):
+    """The stage's clock stops when the stage exits 0 (its check has its own, the
+    validator's); a pod that goes before the check's verdict is made again under the same
+    name (the record still says the stage runs: nothing recorded it ended)."""
+    cr = nodewright(stageTimeoutSeconds=60)
+    d1 = core.decide(cr=cr, node=_facts(), node_pods=[], now=T0)
+    (req,) = d1.create
+    late = T0 + timedelta(seconds=600)
+    checking = core.decide(
+        cr=cr, node=_facts(_rec(d1)), node_pods=[_pod(req, "Succeeded")], now=late
+    )
+    assert isinstance(checking.record, Keep)
+    assert (checking.create, checking.delete) == ((), ())
+    gone = core.decide(cr=cr, node=_facts(_rec(d1)), node_pods=[], now=T0 + timedelta(seconds=5))
+    assert [r.name for r in gone.create] == [req.name]
+    assert [e.kind for e in gone.publish] == ["stage.started"]
+
+
+def test_a_stage_pod_of_an_earlier_version_without_a_check_records_the_stage_end() -> None:
+    """A pod made before stage pods ran their check (no check container): its end is written
+    as before, and the validator fails its check as a pod that went away."""
+    cr = nodewright()
+    d1 = core.decide(cr=cr, node=_facts(), node_pods=[], now=T0)
+    (req,) = d1.create
+    d2 = core.decide(
+        cr=cr, node=_facts(_rec(d1)), node_pods=[_pod(req, "Succeeded", checked=False)], now=T0
+    )
+    assert _rec(d2).packages["nvidia-tuned"].state == "succeeded"
+    assert [e.kind for e in d2.publish] == ["stage.succeeded"]
+    assert d2.announce == ()
 
 
 def test_a_failed_pod_fails_the_package_with_exit_code_and_keeps_the_pod() -> None:
@@ -492,27 +548,25 @@ def test_a_config_change_cycle_waits_for_its_own_check_and_then_finishes() -> No
     started = _rec(d1).packages["k"]
     assert (started.cycle, started.previous) == ("config", "1.0.0")
 
-    # The config pod succeeded; the stale verdict is about attempt 1: wait, do not restart.
+    # The config pod's stage succeeded; the stale verdict is about attempt 1: wait for the
+    # check, do not restart.
     d2 = core.decide(
         cr=after, node=_facts(_rec(d1), stale), node_pods=[_pod(cfg, "Succeeded")], now=T0
     )
-    waiting = _rec(d2).packages["k"]
-    assert (waiting.state, waiting.attempt) == ("succeeded", 2)
-    d3 = core.decide(
-        cr=after, node=_facts(_rec(d2), stale), node_pods=[_pod(cfg, "Succeeded")], now=T0
-    )
-    assert isinstance(d3.record, Keep)
-    assert d3.create == ()
+    assert isinstance(d2.record, Keep)
+    assert d2.create == ()
+    waiting = _facts(_rec(d1), stale).executor.packages["k"]
+    assert (waiting.state, waiting.attempt) == ("running", 2)
 
-    # Its own check (attempt 2) passed: the new configuration is installed.
+    # Its own check (attempt 2, this cycle) passed: the new configuration is installed.
     records: dict[str, Any] = {
         nodestate.SCHEDULER: SEL,
         nodestate.DRAINER: DRAINED,
-        nodestate.EXECUTOR: _rec(d2),
+        nodestate.EXECUTOR: _rec(d1),
         nodestate.VALIDATOR: ValidatorRecord(
             checks={
                 nodestate.check_key("k", "1.0.0", "config"): CheckRecord(
-                    verdict="passed", at=T0, attempt=2
+                    verdict="passed", at=T0, attempt=2, cycle=progress.cycle_of(started)
                 )
             }
         ),
@@ -542,17 +596,13 @@ def test_a_config_change_during_a_cycle_is_not_taken_as_applied_and_runs_its_own
     (apply,) = d1.create
     checks = {nodestate.check_key("k", "1.0.0", "apply"): "passed"}
     # The change lands while apply runs; config then runs (with the new content).
-    d2 = core.decide(cr=after, node=_facts(_rec(d1)), node_pods=[_pod(apply, "Succeeded")], now=T0)
     d3 = core.decide(
-        cr=after, node=_facts(_rec(d2), checks), node_pods=[_pod(apply, "Succeeded")], now=T0
+        cr=after, node=_facts(_rec(d1), checks), node_pods=[_pod(apply, "Succeeded")], now=T0
     )
     (cfg,) = d3.create
     assert cfg.stage == "config"
-    d4 = core.decide(
-        cr=after, node=_facts(_rec(d3), checks), node_pods=[_pod(cfg, "Succeeded")], now=T0
-    )
     checks[nodestate.check_key("k", "1.0.0", "config")] = "passed"
-    checked = _facts(_rec(d4), checks)
+    checked = _facts(_rec(d3), checks)
     ended = checked.executor.packages["k"]
     assert ended.installed == "1.0.0"
     assert ended.config == progress.desired(before)["k"].config_digest

@@ -36,6 +36,8 @@ def _facts(executor: ExecutorRecord, validator: ValidatorRecord | None = None) -
 
 
 def _pod(req: PodRequest, phase: str, **kw: Any) -> PodView:
+    """The stage part of a stage pod (its check runs after it in the same pod)."""
+    kw.setdefault("checked", req.role == "stage")
     return PodView(
         name=req.name,
         cr=CR,

@@ -50,15 +50,27 @@ def _facts(
     if checks:
         records[nodestate.VALIDATOR] = ValidatorRecord(
             checks={
-                k: CheckRecord(verdict=v, at=T0, attempt=a)  # type: ignore[arg-type]
+                k: CheckRecord(verdict=v, at=T0, attempt=a, cycle=_cycle_of(executor, k))  # type: ignore[arg-type]
                 for k, (v, a) in checks.items()
             }
         )
     return progress.facts(node("n1", records=records), CR)
 
 
+def _cycle_of(executor: ExecutorRecord, key: str) -> str:
+    """The cycle of the run a verdict under ``key`` is about (the record's, at that stage)."""
+    name, version, stage = key.split("/", 2)
+    r = executor.packages.get(name)
+    if r is None or (r.version, r.stage) != (version, stage):
+        return ""
+    return progress.cycle_of(r)
+
+
 def _pod(req: PodRequest, phase: str) -> PodView:
+    """The stage part of a stage pod (its check runs after it in the same pod)."""
     return PodView(
+        checked=req.role == "stage",
+        ended=T0 if phase == "Succeeded" else None,
         name=req.name,
         cr=CR,
         node="n1",
@@ -95,12 +107,14 @@ def test_an_uninstall_without_interrupt_runs_uninstall_then_its_check_then_drops
         "1.0.0",
     )
     d2 = core.decide(cr=cr, node=_facts(_rec(d1)), node_pods=[_pod(req, "Succeeded")], now=T0)
-    assert _rec(d2).packages["k"].state == "succeeded"
+    assert isinstance(d2.record, Keep), "its check runs in the pod: the verdict records it"
     # Not absent before the validator passed the uninstall-check.
-    assert not progress.package_done(progress.desired(cr)["k"], _rec(d2).packages["k"])
+    assert not progress.package_done(
+        progress.desired(cr)["k"], _facts(_rec(d1)).executor.packages["k"]
+    )
     passed = {nodestate.check_key("k", "1.0.0", "uninstall"): ("passed", 1)}
     d3 = core.decide(
-        cr=cr, node=_facts(_rec(d2), passed), node_pods=[_pod(req, "Succeeded")], now=T0
+        cr=cr, node=_facts(_rec(d1), passed), node_pods=[_pod(req, "Succeeded")], now=T0
     )
     assert "k" not in _rec(d3).packages
     assert d3.create == ()
@@ -113,10 +127,13 @@ def test_an_uninstall_with_an_interrupt_runs_it_and_skips_post_interrupt() -> No
         cr=cr, node=_facts(ExecutorRecord(packages={"k": _installed()})), node_pods=[], now=T0
     )
     (req,) = d1.create
-    d2 = core.decide(cr=cr, node=_facts(_rec(d1)), node_pods=[_pod(req, "Succeeded")], now=T0)
     passed = {nodestate.check_key("k", "1.0.0", "uninstall"): ("passed", 1)}
-    # Checked: the interrupt starts in the same pass (the boot ID recorded for the reboot).
-    d4 = core.decide(cr=cr, node=_facts(_rec(d2), passed), node_pods=[], now=T0)
+    # Checked: the interrupt starts in the same pass (the boot ID recorded for the reboot),
+    # and the uninstall pod goes.
+    d4 = core.decide(
+        cr=cr, node=_facts(_rec(d1), passed), node_pods=[_pod(req, "Succeeded")], now=T0
+    )
+    assert d4.delete == (req.name,)
     (intr,) = d4.create
     assert intr.role == "interrupt"
     assert intr.interrupt is not None
@@ -165,13 +182,19 @@ def test_cancelling_before_the_interrupt_reinstalls_from_apply() -> None:
     )
     assert running.create == ()
     assert isinstance(running.record, Keep)
-    done = core.decide(
+    # The stage ended; its check runs in the pod: that finishes first too.
+    checking = core.decide(
         cr=cancelled, node=_facts(_rec(d1)), node_pods=[_pod(req, "Succeeded")], now=T0
     )
+    assert checking.create == ()
+    assert isinstance(checking.record, Keep)
+    checked = _facts(_rec(d1), {nodestate.check_key("k", "1.0.0", "uninstall"): ("passed", 1)})
     # Its uninstall stage ran: the package is not "installed and done", whatever the spec.
-    assert not progress.package_done(progress.desired(cancelled)["k"], _rec(done).packages["k"])
+    assert not progress.package_done(
+        progress.desired(cancelled)["k"], checked.executor.packages["k"]
+    )
     # Then the package is installed again, from apply, with its interrupt.
-    again = core.decide(cr=cancelled, node=_facts(_rec(done)), node_pods=[], now=T0)
+    again = core.decide(cr=cancelled, node=checked, node_pods=[], now=T0)
     (apply,) = again.create
     assert (apply.stage, apply.version) == ("apply", "1.0.0")
     rec = _rec(again).packages["k"]

@@ -1,6 +1,7 @@
-"""``progress.finished_cycles``: a package whose cycle's last stage passed its check reads as
-installed for every service, without a write of the executor for it (issue 15) — and only
-then."""
+"""``progress.finished_cycles``: a stage still recorded as running whose check has a verdict
+for that run reads as succeeded, and a package whose cycle's last stage passed its check
+reads as installed, for every service, without a write of the executor for either (issue 15)
+— and only then."""
 
 from __future__ import annotations
 
@@ -38,12 +39,15 @@ def _record(stage: str = "config", **kw: Any) -> PackageRecord:
     return PackageRecord(**fields)
 
 
-def _read(rec: PackageRecord, verdict: str = "passed", attempt: int = 2) -> PackageRecord:
+def _read(
+    rec: PackageRecord, verdict: str = "passed", attempt: int = 2, cycle: str = ""
+) -> PackageRecord:
     checks = {
         nodestate.check_key("k", rec.version, rec.stage): CheckRecord(
             verdict=verdict,  # type: ignore[arg-type]
             at=LATER,
             attempt=attempt,
+            cycle=cycle,
         )
     }
     records = {
@@ -88,3 +92,41 @@ def test_the_facts_of_a_node_without_verdicts_are_the_record_itself() -> None:
     rec = ExecutorRecord(packages={"k": _record()})
     facts = progress.facts(node("n1", records={nodestate.EXECUTOR: rec}), CR)
     assert facts.executor == rec
+
+
+RUN = T0.isoformat()
+"""The cycle of :func:`_running`'s run, as its stage pod and the check's verdict name it."""
+
+
+def _running(stage: str = "config", **kw: Any) -> PackageRecord:
+    return _record(stage, state="running", cycle_started=T0, **kw)
+
+
+def test_a_verdict_on_a_running_stage_says_the_stage_succeeded() -> None:
+    """The check runs in the stage's pod once the stage exited 0: its verdict records the
+    stage's end, which the executor no longer writes."""
+    mid = _read(_running("apply"), "passed", cycle=RUN)
+    assert (mid.stage, mid.state, mid.updated) == ("apply", "succeeded", LATER)
+    assert (mid.installed, mid.previous) == ("1.0.0", "1.0.0"), "config follows"
+    failed = _read(_running(), "failed", cycle=RUN)
+    assert (failed.state, failed.installed) == ("succeeded", "1.0.0"), "succeeded, not checked"
+    last = _read(_running(), "passed", cycle=RUN)
+    assert (last.state, last.installed, last.previous) == ("succeeded", "2.0.0", "")
+
+
+@pytest.mark.parametrize(
+    ("rec", "verdict", "attempt", "cycle"),
+    [
+        pytest.param(_running(), "passed", 2, "2025-12-31T00:00:00+00:00", id="another-cycle"),
+        pytest.param(_running(), "passed", 2, "", id="a-verdict-naming-no-cycle"),
+        pytest.param(_running(), "passed", 1, RUN, id="an-earlier-attempt"),
+        pytest.param(_running(), "running", 2, RUN, id="an-earlier-versions-check-start"),
+        pytest.param(_running("interrupt"), "passed", 2, RUN, id="a-stage-without-a-check"),
+    ],
+)
+def test_only_a_verdict_on_this_run_ends_a_running_stage(
+    rec: PackageRecord, verdict: str, attempt: int, cycle: str
+) -> None:
+    """A package changed back to a version whose stage and attempt were checked in another
+    cycle (the verdict not yet dropped) runs that stage again: the old verdict is not its."""
+    assert _read(rec, verdict, attempt, cycle) == rec

@@ -327,6 +327,62 @@ async def test_a_settled_pod_is_deleted_without_a_fence_write() -> None:
     assert len(nodes.confirms) == 1, "one pod not settled: the decision is fenced"
 
 
+class _DownBus(FakeBus):
+    """NATS away: nothing is taken."""
+
+    async def settle(self, todo: Any) -> None:
+        raise nodeshell.Unpublished("nats: connection closed")
+
+
+async def test_what_a_pod_says_goes_out_before_the_write_and_its_pod_stays_until_it_did() -> None:
+    """Issue 15: the executor writes no stage's end; ``stage.succeeded`` is said from the pod
+    (the check's verdict records it). It goes before the pass's write (its events follow
+    it on the stream), is not sent again once known, and no pod is deleted while the
+    stream has not taken it: the pod is what says it."""
+    nodes = _nodes()
+    body, ref = _old_pod("apply")
+    objects = FakeObjects(objects={("Pod", "apply"): body})
+    said, started = _event(1), _event(2)
+    decision = NodeDecision(
+        owner=nodestate.EXECUTOR,
+        cr=CR,
+        node="n1",
+        record=Write(ExecutorRecord(honoured=1)),
+        fence=True,
+        delete=(ref,),
+        settled=frozenset({"apply"}),
+        events=(started,),
+        announce=(said,),
+    )
+    later = T0 + timedelta(hours=1)
+    again = await nodeshell.apply(
+        decision, nodes=nodes, objects=objects, bus=_DownBus(), now=lambda: later
+    )
+    assert again == nodeshell.UNPUBLISHED_RETRY_S
+    assert len(nodes.patches) == 1, "the rollout goes on without NATS: the write landed"
+    assert objects.deleted == []
+    up, announced = FakeBus(), list[events.Event]()
+    pending = replace(decision, record=Keep(), events=())
+    # The second pass finds it known to be on the stream: not sent nor announced again.
+    for _ in range(2):
+        await nodeshell.apply(
+            pending,
+            nodes=nodes,
+            objects=objects,
+            bus=up,
+            announced=announced.extend,
+            now=lambda: later,
+        )
+        # Said first, then what the write made while NATS was away left in the outbox.
+        assert [e.id for e in up.published] == ["e1", "e2"]
+        assert announced == [said]
+        assert objects.deleted == ["apply"]
+    # With a write: said first, then the write's own events.
+    fresh, bus = _nodes(), FakeBus()
+    await nodeshell.apply(decision, nodes=fresh, objects=FakeObjects(), bus=bus, now=lambda: later)
+    assert [e.id for e in bus.published] == ["e1", "e2"]
+
+
 async def test_a_delete_names_the_object_decided_on_not_its_namesake() -> None:
     nodes = _nodes()
     body, _ = _old_pod("check", uid="u2")

@@ -100,6 +100,55 @@ def test_the_check_in_a_succeeded_stages_pod_is_judged_and_a_pass_published() ->
     assert isinstance(d3.record, Keep)
 
 
+RUNNING = ExecutorRecord(
+    packages={
+        "nvidia-tuned": PackageRecord(
+            version="0.9.0",
+            stage="config",
+            state="running",
+            updated=T0,
+            cycle="install",
+            cycle_config=progress.desired(nodewright())["nvidia-tuned"].config_digest,
+            cycle_started=T0,
+        )
+    }
+)
+"""The executor's record while the config stage's pod runs: its end is not written (issue
+15), the check's verdict records it."""
+
+
+def test_the_check_of_a_stage_the_record_says_runs_is_judged_from_its_pod() -> None:
+    """The executor writes no stage's end: once the pod's check started (the stage exited
+    0), the check is the validator's, and its verdict, naming the run's cycle, says the stage
+    succeeded; the last stage's pass validates the node in the same write."""
+    cr = nodewright()
+    req = _req("config", cycle=T0.isoformat())
+    key = nodestate.check_key("nvidia-tuned", "0.9.0", "config")
+    for pods in ([], [_pod(req, "Pending")], [_pod(req, "Running")]):
+        waiting = core.decide(cr=cr, node=_facts(RUNNING), check_pods=pods, now=T0)
+        assert (waiting.record, waiting.publish) == (Keep(), ()), pods
+    # A record from before cycles were recorded is judged once the executor wrote its end.
+    legacy = ExecutorRecord(
+        packages={
+            "nvidia-tuned": msgspec.structs.replace(
+                RUNNING.packages["nvidia-tuned"], cycle_started=None
+            )
+        }
+    )
+    old = core.decide(
+        cr=cr, node=_facts(legacy), check_pods=[_pod(_req("config"), "Succeeded")], now=T0
+    )
+    assert isinstance(old.record, Keep)
+    done = core.decide(cr=cr, node=_facts(RUNNING), check_pods=[_pod(req, "Succeeded")], now=T0)
+    record = written(done.record, ValidatorRecord)
+    verdict = record.checks[key]
+    assert (verdict.verdict, verdict.attempt, verdict.cycle) == ("passed", 1, T0.isoformat())
+    assert record.validated == progress.target_digest(cr)
+    assert [e.kind for e in done.publish] == ["stage.validated", "node.validated"]
+    failing = core.decide(cr=cr, node=_facts(RUNNING), check_pods=[_pod(req, "Failed")], now=T0)
+    assert written(failing.record, ValidatorRecord).checks[key].cycle == T0.isoformat()
+
+
 def test_a_stage_pod_gone_before_its_check_ended_fails_the_check_after_a_grace() -> None:
     """The pod watch may deliver the pod after the node watch delivered the executor's
     record; a pod still missing past the grace was deleted before its check ended."""
