@@ -242,19 +242,27 @@ async def _announce(
     """Publish the decision's announcements the stream is not known to hold; None when it
     holds them all, else when to try again."""
     todo = [e for e in decision.announce if not bus.delivered(e)]
-    if not todo:
-        return None
-    try:
-        await bus.settle(todo)
-    except Unpublished as exc:
-        _log.warning(
+    if not await _settled(bus, todo):
+        # NATS is away (the bus logs that once); the pods wait with their events.
+        _log.debug(
             "Held pod deletes until the stream takes their events",
-            extra={"nodewright": decision.cr, "node": decision.node, "error": str(exc)},
+            extra={"nodewright": decision.cr, "node": decision.node},
         )
         return UNPUBLISHED_RETRY_S
-    if announced is not None:
+    if todo and announced is not None:
         announced(todo)
     return None
+
+
+async def _settled(bus: EventPort, todo: Sequence[events.Event]) -> bool:
+    """Whether the stream holds ``todo`` once the bus had them (nothing to do: yes)."""
+    if not todo:
+        return True
+    try:
+        await bus.settle(todo)
+    except Unpublished:
+        return False
+    return True
 
 
 async def _objects(
@@ -365,11 +373,7 @@ async def flush(*, owner: str, cr: str, node: str, nodes: NodePort, bus: EventPo
     each publish was a quarter of the services' Node writes (issue 15); what is left on a
     node is its owner's last events, published."""
     todo = [e for e in outbox.pending(nodes.get(node), owner, cr) if not bus.delivered(e)]
-    if not todo:
-        return None
-    try:
-        await bus.settle(todo)
-    except Unpublished:
+    if not await _settled(bus, todo):
         # NATS is away (the bus logs that once); the events wait in the outbox.
         _log.debug("Kept events in the outbox", extra={"nodewright": cr, "node": node})
         return UNPUBLISHED_RETRY_S

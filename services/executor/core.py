@@ -26,9 +26,13 @@ publish. Rules:
   container exited.
 - A stage's pod runs the stage, then the stage's check (``shared.pods.parts``): the
   executor judges the stage and keeps the pod until the validator's verdict on its check
-  (a failed one: until a retry, for its logs). A stage that fails, cannot pull its image
-  for ``image_pull_grace_s``, or exceeds the stage timeout fails the package with a
-  machine-readable reason naming the image, exit code or timeout.
+  (a failed one: until a retry, for its logs). A stage that exited 0 is not written: the
+  check's verdict records it (``shared.progress.finished_cycles``), and the executor says
+  ``stage.succeeded`` from the pod (:attr:`Decision.announce`), before the pod goes. A pod
+  lost while its check runs is made again (the record still says the stage runs). A stage
+  that fails, cannot pull its image for ``image_pull_grace_s``, or exceeds the stage
+  timeout fails the package with a machine-readable reason naming the image, exit code or
+  timeout.
 - Recovery requests (``shared.nodestate.Request``) newer than the record's ``honoured`` mark
   are honoured before anything else (:func:`honour`): retry turns every failed stage, stage
   whose check failed, or failed interrupt into a new attempt (pod names include the attempt;
