@@ -9,8 +9,9 @@ own record (docs/recovery.md). ``ignore`` / ``unignore`` set or remove the label
 ``nodewright.nvidia.com/ignore=true``. Every change takes kubectl's ``--dry-run``
 (``client``: nothing is sent; ``server``: the API server admits it and stores nothing).
 ``status`` and ``list`` read the records through ``shared.progress.facts``, and whose turn it
-is through ``shared.progress.turn`` (:func:`shown_turn`: a stage waiting for its check is the
-validator's turn). Every command says what it changed.
+is through ``shared.progress.turn`` (:func:`shown_turn`: a stage recorded as succeeded
+(by an earlier version) that waits for its check is the validator's turn; a stage whose
+check runs in its pod reads as running until the verdict). Every command says what it changed.
 
 Deciding what a request does on the node is the services' job; this module only writes
 requests and labels and describes what will happen.
@@ -210,7 +211,7 @@ def failures(v: CrView) -> list[str]:
             r.state == "succeeded"
             and verdict is not None
             and verdict.verdict == "failed"
-            and verdict.attempt == r.attempt
+            and progress.verdict_about(r, verdict)
         )
         if r.state == "failed" or check_failed:
             what = "its check failed" if check_failed else "it failed"
@@ -352,7 +353,11 @@ def shown_turn(cr: api.NodeWright, f: progress.NodeFacts) -> str:
     for name, r in records:
         if r.state == "succeeded" and not progress.package_done(wanted[name], r):
             verdict = f.validator.checks.get(nodestate.check_key(name, r.version, r.stage))
-            if verdict is None or verdict.attempt != r.attempt or verdict.verdict == "running":
+            if (
+                verdict is None
+                or not progress.verdict_about(r, verdict)
+                or verdict.verdict == "running"
+            ):
                 return "validator"
     return turn
 

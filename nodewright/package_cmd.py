@@ -140,10 +140,11 @@ def status_row(
 
 def _check(r: PackageRecord, check: CheckRecord | None) -> str | None:
     """The verdict of the check of ``r``'s current stage and attempt. A verdict about an
-    earlier attempt no longer counts (CheckRecord.attempt); a succeeded stage without one has
-    its check running: the validator starts it as it sees the stage succeed and records only
-    its verdict (its pod says it runs)."""
-    if check is not None and check.attempt == r.attempt:
+    earlier attempt or run no longer counts (``progress.verdict_about``); a stage recorded as
+    succeeded without one has its check running. A stage whose check runs in its pod reads
+    as running, without a verdict, until the validator records one: neither the stage's end
+    nor the check's start is written (its pod says it runs)."""
+    if check is not None and progress.verdict_about(r, check):
         return check.verdict
     if r.state == "succeeded" and r.stage in progress.CHECKED_STAGES:
         return "running"

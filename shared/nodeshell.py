@@ -177,7 +177,8 @@ async def apply(
     """Carry out ``decision``; return when to look at the key again (None: when something
     changes). ``written`` is called once the node write landed (what it
     recorded happened, once: a stale write of another replica does not land), ``announced``
-    with the announcements this pass published (:attr:`NodeDecision.announce`). ``clock``
+    with the announcements this pass published (:attr:`NodeDecision.announce`); a pod whose
+    announcement the bus did not take is not deleted in this pass. ``clock``
     times the create window, ``now`` pods' ages."""
     where = {"nodewright": decision.cr, "node": decision.node}
     # Pods too young to delete are left for a later pass, and do not ask for the fence
@@ -192,11 +193,12 @@ async def apply(
     cached = nodes.get(decision.node)
     if cached is None:
         return None  # gone: its pods and records go with it
-    said = await _announce(decision, bus, announced)
-    if said is not None:
-        # The stream does not hold what the pods say yet: they stay until it does.
-        decision = replace(decision, delete=())
-        again_young = _sooner(again_young, said)
+    unsaid = await _announce(decision, bus, announced)
+    if unsaid:
+        # The stream does not hold what these pods say yet: they stay until it does.
+        kept = tuple(p for p in decision.delete if p.name not in unsaid)
+        decision = replace(decision, delete=kept)
+        again_young = _sooner(again_young, UNPUBLISHED_RETRY_S)
     held = outbox.pending(cached, decision.owner, decision.cr)
     unpublished = tuple(e for e in held if not bus.delivered(e))
     if decision.patches_node:
@@ -238,20 +240,30 @@ async def _announce(
     decision: NodeDecision,
     bus: EventPort,
     announced: Callable[[Sequence[events.Event]], None] | None,
-) -> float | None:
-    """Publish the decision's announcements the stream is not known to hold; None when it
-    holds them all, else when to try again."""
-    todo = [e for e in decision.announce if not bus.delivered(e)]
-    if not await _settled(bus, todo):
+) -> set[str]:
+    """Publish the decision's announcements the stream is not known to hold, oldest first;
+    the pods whose announcement it did not take."""
+    said: list[events.Event] = []
+    unsaid: set[str] = set()
+    for pod, event in sorted(decision.announce.items(), key=lambda kv: (kv[1].at, kv[1].id)):
+        if bus.delivered(event):
+            continue
+        # One at a time: a node's announcements share a subject, and the order they were
+        # first published in is not this one, which looking up a batch of old events on a
+        # subject assumes (it takes the events before the last one stored as stored too).
+        if unsaid or not await _settled(bus, [event]):
+            unsaid.add(pod)
+        else:
+            said.append(event)
+    if unsaid:
         # NATS is away (the bus logs that once); the pods wait with their events.
         _log.debug(
             "Held pod deletes until the stream takes their events",
-            extra={"nodewright": decision.cr, "node": decision.node},
+            extra={"nodewright": decision.cr, "node": decision.node, "pods": len(unsaid)},
         )
-        return UNPUBLISHED_RETRY_S
-    if todo and announced is not None:
-        announced(todo)
-    return None
+    if said and announced is not None:
+        announced(said)
+    return unsaid
 
 
 async def _settled(bus: EventPort, todo: Sequence[events.Event]) -> bool:

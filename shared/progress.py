@@ -650,9 +650,13 @@ def cycle_of(r: PackageRecord) -> str:
 
 def verdict_about(r: PackageRecord, v: CheckRecord) -> bool:
     """The check verdict ``v`` (found under ``r``'s current stage and version) is about
-    ``r``'s current run of that stage: its attempt, and its cycle where the verdict names
-    one (verdicts written before :attr:`CheckRecord.cycle` existed do not)."""
-    return v.attempt == r.attempt and (not v.cycle or v.cycle == cycle_of(r))
+    ``r``'s current run of that stage: its attempt, and its cycle. A verdict naming no cycle
+    (written before :attr:`CheckRecord.cycle` existed) is about a stage recorded as ended
+    only: the validator has named the cycle of every verdict on a stage still recorded as
+    running since the executor stopped writing the stage's end."""
+    if v.attempt != r.attempt:
+        return False
+    return v.cycle == cycle_of(r) if v.cycle else r.state != "running"
 
 
 def stage_passed(

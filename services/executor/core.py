@@ -88,10 +88,10 @@ class Decision:
     settled: frozenset[str] = frozenset()
     """Among :attr:`delete`: the pods the record already moved past (:func:`_settled`)."""
     publish: tuple[events.Event, ...] = ()
-    announce: tuple[events.StageSucceeded, ...] = ()
-    """Events of what the pods say, published without a write: ``stage.succeeded`` of each
-    stage whose pod runs its check (:func:`_announce`). The shell deletes none of
-    :attr:`delete` before the stream holds them."""
+    announce: Mapping[str, events.StageSucceeded] = field(default_factory=dict)
+    """By pod name, what the pod says, published without a write: ``stage.succeeded`` of a
+    stage whose pod runs its check (:func:`_announce`). The shell deletes such a pod only
+    once the stream holds its event."""
     requeue_after: float | None = None
     problem: str = ""
     """Why nothing can be decided (for the shell to log), e.g. an undecodable record."""
@@ -104,6 +104,7 @@ class _Work(Work):
     packages: dict[str, PackageRecord]
     interrupt: InterruptRecord | None
     announce: dict[str, events.StageSucceeded] = field(default_factory=dict)
+    """By pod name (:attr:`Decision.announce`)."""
 
 
 def pod_name(cr: str, node: str, req: PodRequest) -> str:
@@ -345,9 +346,10 @@ def _no_pod(w: _Work, d: Desired, r: PackageRecord) -> Reason:
     return Reason(
         code=reasons.STAGE_TIMEOUT,
         message=(
-            f"stage {r.stage} of {d.name} {r.version} had no pod after {timeout}s: the API "
-            "server refused to create it (a ResourceQuota or an admission policy on privileged "
-            "pods in NodeWright's namespace?); the executor's log says why"
+            f"stage {r.stage} of {d.name} {r.version} had no pod after {timeout}s: "
+            "the API server refused to create it (a ResourceQuota or an admission policy on "
+            "privileged pods in NodeWright's namespace?; the executor's log says why), or it "
+            "was deleted while its check ran; run `nodewright node retry` once the cause is gone"
         ),
         details={"timeoutSeconds": str(timeout), "pod": "missing"},
     )
@@ -371,7 +373,7 @@ def _announce(w: _Work, pod: PodView) -> None:
         stage=pod.stage,
         attempt=pod.attempt,
     )
-    w.announce.setdefault(event.id, event)
+    w.announce[pod.name] = event
 
 
 def _observe_stage(
@@ -758,10 +760,13 @@ def _rerun(
     d = desired.get(req.package)
     if r is None or d is None or r.version != d.version or d.uninstall_requested:
         return record  # nothing of it here yet, or a new cycle is due anyway
+    # A rerun is a run of its own (cycle_started): its stages' attempts follow the
+    # current stage's, and a verdict the validator still holds on the same stage and attempt
+    # of this cycle (a stage passed before a later one failed) must not count for it.
     if req.stage:
         if req.stage not in nodestate.RERUN_STAGES:
             return record
-        new = _again(r, now, stage=req.stage, previous=r.previous or r.installed)
+        new = _again(r, now, stage=req.stage, previous=r.previous or r.installed, cycle_started=now)
     elif _cycle_finished(r):
         # Finished: run its install again, with the interrupt the package declares.
         new = _again(
@@ -777,7 +782,7 @@ def _rerun(
             cycle_started=now,
         )
     else:
-        new = _again(r, now, stage=_FIRST_STAGE[r.cycle])
+        new = _again(r, now, stage=_FIRST_STAGE[r.cycle], cycle_started=now)
     return update(record, packages={**record.packages, req.package: new})
 
 
@@ -936,6 +941,6 @@ def decide(
         delete=delete,
         settled=settled,
         publish=tuple(w.out.events),
-        announce=tuple(w.announce.values()),
+        announce=dict(w.announce),
         requeue_after=w.requeue,
     )

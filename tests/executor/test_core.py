@@ -97,7 +97,8 @@ def test_a_fresh_node_starts_apply_then_config_after_each_check_passes() -> None
     d2 = core.decide(cr=cr, node=_facts(_rec(d1)), node_pods=[_pod(req, "Succeeded")], now=T0)
     assert isinstance(d2.record, Keep)
     assert (d2.create, d2.delete, d2.publish) == ((), (), ()), "the check runs in the stage's pod"
-    (said,) = d2.announce
+    ((pod_name, said),) = d2.announce.items()
+    assert pod_name == req.name
     assert (said.kind, said.stage, said.attempt, said.at) == ("stage.succeeded", "apply", 1, T0)
     # The id the executor's outbox gave it when it wrote the stage's end: one event either way.
     assert said.id == "gpu-node-tuning/n1/nvidia-tuned/0.9.0/apply/1/ok"
@@ -109,7 +110,7 @@ def test_a_fresh_node_starts_apply_then_config_after_each_check_passes() -> None
     )
     assert [r.stage for r in d4.create] == ["config"]
     assert d4.delete == (req.name,)
-    assert [e.id for e in d4.announce] == [said.id]
+    assert {p: e.id for p, e in d4.announce.items()} == {req.name: said.id}
     assert [e.kind for e in d4.publish] == ["stage.started"]
 
     # Config done and checked: the package is installed.
@@ -211,7 +212,7 @@ def test_a_stage_pod_of_an_earlier_version_without_a_check_records_the_stage_end
     )
     assert _rec(d2).packages["nvidia-tuned"].state == "succeeded"
     assert [e.kind for e in d2.publish] == ["stage.succeeded"]
-    assert d2.announce == ()
+    assert d2.announce == {}
 
 
 def test_a_failed_pod_fails_the_package_with_exit_code_and_keeps_the_pod() -> None:

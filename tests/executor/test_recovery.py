@@ -243,6 +243,31 @@ def test_a_stale_passed_verdict_does_not_advance_a_new_attempt() -> None:
     assert [(r.stage, r.attempt) for r in advanced.create] == [("config", 1)]
 
 
+def test_a_rerun_stage_runs_though_a_verdict_of_its_attempt_in_the_old_run_is_held() -> None:
+    """apply passed its check at attempt 2, then config failed at its stage (no validator
+    write since, so apply's verdict is still held); a rerun of apply runs at attempt 2 again
+    (config's attempt + 1). The old verdict must not read as this run's: apply runs."""
+    cr = nodewright()
+    cycle = T0
+    rec = ExecutorRecord(
+        packages={PKG: _pkg(stage="config", attempt=1, cycle="install", cycle_started=cycle)}
+    )
+    held = ValidatorRecord(
+        checks={
+            nodestate.check_key(PKG, "0.9.0", "apply"): CheckRecord(
+                verdict="passed", at=T0, attempt=2, cycle=cycle.isoformat()
+            )
+        }
+    )
+    rerun = core.honour(
+        rec, _requests(("rerun", PKG, "apply")), desired=progress.desired(cr), checks={}, now=NOW
+    )
+    read = _facts(rerun, held).executor.packages[PKG]
+    assert (read.stage, read.attempt, read.state) == ("apply", 2, "running")
+    started = core.decide(cr=cr, node=_facts(rerun, held), node_pods=[], now=NOW)
+    assert [(r.stage, r.attempt) for r in started.create] == [("apply", 2)]
+
+
 def test_a_failed_interrupt_is_retried_as_a_new_attempt_with_a_new_pod() -> None:
     cr = nodewright(
         packages={PKG: {"version": "0.9.0", "image": "r/t", "interrupt": {"type": "reboot"}}}
@@ -321,6 +346,7 @@ def test_rerun_restarts_a_package_cycle_or_stage(
     )
     new = got.packages[PKG]
     assert (new.stage, new.cycle, new.attempt, new.state) == (*expected, "running")
+    assert new.cycle_started == NOW, "a run of its own: no verdict of the old run counts"
     assert new.installed == before.installed, "what is installed on the host is a fact"
     assert got.packages["other"] == _pkg(stage="config"), "other packages are untouched"
     assert got.honoured == 1

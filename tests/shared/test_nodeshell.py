@@ -352,7 +352,7 @@ async def test_what_a_pod_says_goes_out_before_the_write_and_its_pod_stays_until
         delete=(ref,),
         settled=frozenset({"apply"}),
         events=(started,),
-        announce=(said,),
+        announce={"apply": said},
     )
     later = T0 + timedelta(hours=1)
     again = await nodeshell.apply(
@@ -578,6 +578,50 @@ async def test_an_old_event_followed_on_its_subject_by_a_later_one_is_not_stored
     lost = _validated(3, 900)
     await nodeshell.BusEvents(stream, now=lambda: T0).settle([lost])
     assert [e.id for e in stream.stored] == ["v1", "v2", "v3"]
+
+
+async def test_old_announcements_stored_in_another_order_are_looked_up_one_by_one() -> None:
+    """Two packages' stage pods on a node say their ``stage.succeeded`` (one subject); the
+    stream holds them in the order the executor first saw the stages end, which need not be
+    the order of their ends. A replica that does not know them (restarted) must find both
+    there, not take the events before the last one stored for the stored ones."""
+    stream = _Stream()
+    first_end, second_end = _validated(1, 600), _validated(2, 300)
+    stream.stored += [second_end, first_end]  # seen in this order
+    decision = NodeDecision(
+        owner=nodestate.EXECUTOR,
+        cr=CR,
+        node="n1",
+        announce={"a": first_end, "b": second_end},
+    )
+    port = nodeshell.BusEvents(stream, now=lambda: T0)
+    await nodeshell.apply(decision, nodes=_nodes(), objects=FakeObjects(), bus=port)
+    assert [e.id for e in stream.stored] == ["v2", "v1"], "neither stored twice"
+    assert port.delivered(first_end)
+    assert port.delivered(second_end)
+
+
+async def test_a_pod_with_nothing_to_say_is_deleted_while_another_ones_event_waits() -> None:
+    """NATS away: only the pod whose event the stream lacks stays (a timed-out stage's pod
+    must still be stopped)."""
+    nodes = _nodes()
+    (said_body, said_ref), (hung_body, hung_ref) = _old_pod("apply"), _old_pod("hung", uid="u2")
+    objects = FakeObjects(objects={("Pod", "apply"): said_body, ("Pod", "hung"): hung_body})
+    decision = NodeDecision(
+        owner=nodestate.EXECUTOR,
+        cr=CR,
+        node="n1",
+        fence=True,
+        delete=(said_ref, hung_ref),
+        settled=frozenset({"apply", "hung"}),
+        announce={"apply": _event(1)},
+    )
+    later = T0 + timedelta(hours=1)
+    again = await nodeshell.apply(
+        decision, nodes=nodes, objects=objects, bus=_DownBus(), now=lambda: later
+    )
+    assert objects.deleted == ["hung"]
+    assert again == nodeshell.UNPUBLISHED_RETRY_S
 
 
 async def test_a_blind_publish_held_past_the_window_is_given_up_and_the_next_pass_looks() -> None:

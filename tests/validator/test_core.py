@@ -147,6 +147,13 @@ def test_the_check_of_a_stage_the_record_says_runs_is_judged_from_its_pod() -> N
     assert [e.kind for e in done.publish] == ["stage.validated", "node.validated"]
     failing = core.decide(cr=cr, node=_facts(RUNNING), check_pods=[_pod(req, "Failed")], now=T0)
     assert written(failing.record, ValidatorRecord).checks[key].cycle == T0.isoformat()
+    # A verdict naming no cycle (an earlier version's) on a stage recorded as running is
+    # about another run: dropped, and this run's check judged.
+    old_verdict = ValidatorRecord(checks={key: CheckRecord(verdict="failed", at=T0)})
+    rejudged = core.decide(
+        cr=cr, node=_facts(RUNNING, old_verdict), check_pods=[_pod(req, "Succeeded")], now=T0
+    )
+    assert written(rejudged.record, ValidatorRecord).checks[key].verdict == "passed"
 
 
 def test_a_stage_pod_gone_before_its_check_ended_fails_the_check_after_a_grace() -> None:
