@@ -239,12 +239,15 @@ class Emitter:
         )
         self.events: list[Event] = []
 
-    def emit(self, cls: type[Event], *facts: object, **fields: Any) -> None:
-        """Queue an event of ``cls``; ``facts`` identify it (they make its deterministic id)."""
+    def emit(
+        self, cls: type[Event], *facts: object, at: datetime | None = None, **fields: Any
+    ) -> None:
+        """Queue an event of ``cls``; ``facts`` identify it (they make its deterministic id).
+        ``at``: when the fact happened, if not now (an event made again must be the same)."""
         self.events.append(
             cls(
                 id=event_id(self.cr, self.node, *facts),
-                at=self.now,
+                at=self.now if at is None else at,
                 cr=self.cr,
                 generation=self.generation,
                 node=self.node,

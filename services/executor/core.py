@@ -291,6 +291,10 @@ def _request_stage(w: _Work, d: Desired, r: PackageRecord) -> None:
         r.stage,
         r.attempt,
         "started",
+        # When the record says the run started: a pod made again (lost, or never made) says
+        # the same event, which the stream is looked up for once the first one is older than
+        # its deduplication window, instead of a new one it would store a second time.
+        at=r.updated,
         package=d.name,
         version=r.version,
         stage=r.stage,
