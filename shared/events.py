@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from datetime import datetime
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, TypeVar
 
 import msgspec
 
@@ -224,6 +224,9 @@ def event_id(*parts: object) -> str:
     return "/".join(str(p) for p in parts)
 
 
+E = TypeVar("E", bound=Event)
+
+
 class Emitter:
     """Collects events a pure core decides to publish about one (CR, node) pair."""
 
@@ -244,14 +247,16 @@ class Emitter:
     ) -> None:
         """Queue an event of ``cls``; ``facts`` identify it (they make its deterministic id).
         ``at``: when the fact happened, if not now (an event made again must be the same)."""
-        self.events.append(
-            cls(
-                id=event_id(self.cr, self.node, *facts),
-                at=self.now if at is None else at,
-                cr=self.cr,
-                generation=self.generation,
-                node=self.node,
-                source=self.source,
-                **fields,
-            )
+        self.events.append(self.make(cls, *facts, at=at, **fields))
+
+    def make(self, cls: type[E], *facts: object, at: datetime | None = None, **fields: Any) -> E:
+        """The event :meth:`emit` would queue, for a caller that keeps it elsewhere."""
+        return cls(
+            id=event_id(self.cr, self.node, *facts),
+            at=self.now if at is None else at,
+            cr=self.cr,
+            generation=self.generation,
+            node=self.node,
+            source=self.source,
+            **fields,
         )

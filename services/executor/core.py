@@ -363,15 +363,14 @@ def _announce(w: _Work, pod: PodView) -> None:
     """``stage.succeeded`` of ``pod``'s stage, as the pod says: stamped with the stage's
     end, so every pass (of any replica, after any restart) makes the same event, and the
     stream keeps one (deterministic id; an old one is looked up before it is sent again)."""
-    event = events.StageSucceeded(
-        id=events.event_id(
-            w.cr.metadata.name, w.node.name, pod.package, pod.version, pod.stage, pod.attempt, "ok"
-        ),
+    event = w.out.make(
+        events.StageSucceeded,
+        pod.package,
+        pod.version,
+        pod.stage,
+        pod.attempt,
+        "ok",
         at=pod.ended or pod.created or w.now,
-        cr=w.cr.metadata.name,
-        generation=w.cr.metadata.generation,
-        node=w.node.name,
-        source=w.source,
         package=pod.package,
         version=pod.version,
         stage=pod.stage,
