@@ -225,9 +225,10 @@ def run_status(
 # ---- logs -------------------------------------------------------------------------------
 
 
-def log_selector(package: str, *, nodewright: str = "", stage: str = "") -> str:
+def log_selector(package: str, *, nodewright: str = "") -> str:
     """The label selector of a package's stage pods, and check pods of earlier versions
-    (``shared.pods.labels``)."""
+    (``shared.pods.labels``). Not by stage: a pod's stage label is the first of the stages
+    it runs (:func:`log_pods` picks the stage)."""
     parts = [
         f"{pods.LABEL_MANAGED}={pods.MANAGED_BY}",
         f"{pods.LABEL_ROLE} in (stage,check)",
@@ -235,27 +236,28 @@ def log_selector(package: str, *, nodewright: str = "", stage: str = "") -> str:
     ]
     if nodewright:
         parts.append(f"{pods.LABEL_CR}={nodewright}")
-    if stage:
-        parts.append(f"{pods.LABEL_STAGE}={stage}")
     return ",".join(parts)
 
 
-def log_pods(listed: Sequence[Mapping[str, Any]], node: str) -> list[pods.PodView]:
-    """The pods on ``node``, oldest first (attempts in the order they ran): a stage pod as its
-    stage and, once the stage ended and its check started, its check (``shared.pods.parts``)."""
+def log_pods(listed: Sequence[Mapping[str, Any]], node: str, stage: str = "") -> list[pods.PodView]:
+    """The pods on ``node``, oldest first (attempts in the order they ran): a stage pod as
+    its first stage and each later stage and check once it started (``shared.pods.parts``);
+    with ``stage``, only that stage and its check."""
     views = [
         part
         for p in listed
-        for part in pods.parts(p)
-        if part.role != "check" or part.phase != "Pending"
+        for i, part in enumerate(pods.parts(p))
+        if (i == 0 or part.phase != "Pending") and (not stage or part.stage == stage)
     ]
     mine = [v for v in views if v.node == node]
     return sorted(mine, key=lambda v: (v.created or datetime.min.replace(tzinfo=UTC), v.name))
 
 
 def log_container(pod: pods.PodView, listed: Sequence[Mapping[str, Any]]) -> str:
-    """The container whose log is ``pod``'s part: the check container for a check in a stage
-    pod, else the pod's first container (the agent)."""
+    """The container whose log is ``pod``'s part (its stage's or its check's), else the
+    pod's first container (the agent)."""
+    if pod.container:
+        return pod.container
     raw = next((p for p in listed if p["metadata"]["name"] == pod.name), {})
     if pods.has_check(raw):
         return pods.CHECK_CONTAINER if pod.role == "check" else pods.STAGE_CONTAINER
@@ -308,13 +310,13 @@ async def logs(
     if tail < -1:
         raise CommandError(f"--tail {tail}: give a number of lines, or -1 for all of it")
     await node_cmd.get_node(client, node)
-    selector = log_selector(name, nodewright=nodewright, stage=stage)
+    selector = log_selector(name, nodewright=nodewright)
     listed = await client.get(
         path_of(plural="pods", namespace=namespace),
         labelSelector=selector,
         fieldSelector=f"spec.nodeName={node}",
     )
-    found = log_pods(listed["items"], node)
+    found = log_pods(listed["items"], node, stage)
     if not found:
         narrowed = "".join(
             f", {what} {value}"

@@ -116,11 +116,12 @@ class NodeDecision:
     current record cannot still need such a pod, however stale the cache: deleting it asks
     for no fence write (1.5 precondition-only Node PATCHes per node per service, issue 15)."""
     events: tuple[events.Event, ...] = ()
-    announce: Mapping[str, Event] = field(default_factory=dict)
-    """By pod name, the event of what that pod says, published before the node write and
-    without one (the executor's ``stage.succeeded``): deterministic, so any pass may send it
-    again; the pod, if among :attr:`delete`, is deleted only once the stream holds it (the
-    pod is what says it)."""
+    announce: Mapping[str, tuple[Event, ...]] = field(default_factory=dict)
+    """By pod name, the events of what that pod says, published before the node write and
+    without one (the executor's ``stage.started`` of a stage after the first in its pod and
+    ``stage.succeeded``, the validator's ``stage.validated`` of a check with a stage after
+    it in its pod): deterministic, so any pass may send them again; the pod, if among
+    :attr:`delete`, is deleted only once the stream holds them (the pod is what says them)."""
     requeue_after: float | None = None
     observed_version: str = ""
     """The resourceVersion of the node the decision was taken on: the write's precondition.

@@ -1,9 +1,10 @@
 """How long package stages and drains took: Prometheus histograms, observed once per result.
 
 ``nodewright_stage_duration_seconds`` (package, stage, outcome) is observed by the executor
-when it publishes a stage's result (``stage.succeeded`` / ``stage.failed``): from when its
-record says the stage started running to the result. ``nodewright_drain_duration_seconds``
-(outcome) is observed by the drainer when it publishes ``node.drained`` or
+when it publishes a stage's result (``stage.succeeded`` / ``stage.failed``): from the start
+the event names (in events of earlier versions, the one its record says) to the result.
+``nodewright_drain_duration_seconds`` (outcome) is observed by the drainer when it
+publishes ``node.drained`` or
 ``node.drain-failed``: from when the drain began (the cordon; a wait for protected pods is
 part of it) to its end. A result is observed only once the node write that records it
 landed (a stale write of a lagging replica does not), so a retried pass or another replica
@@ -59,6 +60,11 @@ def stage_seconds(
         outcome = "failed"
     else:
         return None
+    labels = (event.package, event.stage, outcome)
+    if event.started is not None:
+        # Said by the event itself: a stage after the first of its pod starts without a
+        # record of its own.
+        return labels, max((event.at - event.started).total_seconds(), 0.0)
     rec = before.executor.packages.get(event.package)
     if (
         rec is None
@@ -68,7 +74,7 @@ def stage_seconds(
         or rec.version != event.version
     ):
         return None
-    return (event.package, event.stage, outcome), max((event.at - rec.updated).total_seconds(), 0.0)
+    return labels, max((event.at - rec.updated).total_seconds(), 0.0)
 
 
 def drain_seconds(event: events.Event, before: progress.NodeFacts) -> tuple[str, float] | None:

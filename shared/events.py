@@ -138,6 +138,9 @@ class StageSucceeded(Event, frozen=True, kw_only=True, tag="stage.succeeded"):
     version: str
     stage: str
     attempt: int = 1
+    started: datetime | None = None
+    """When the stage started (its pod was made, or the container before it in its pod
+    exited 0); None from versions before it was said."""
 
 
 class StageFailed(Event, frozen=True, kw_only=True, tag="stage.failed"):
@@ -146,6 +149,8 @@ class StageFailed(Event, frozen=True, kw_only=True, tag="stage.failed"):
     stage: str
     reason: Reason
     attempt: int = 1
+    started: datetime | None = None
+    """When the stage started (see :class:`StageSucceeded`); None for an interrupt."""
 
 
 class StageValidated(Event, frozen=True, kw_only=True, tag="stage.validated"):

@@ -245,7 +245,10 @@ async def _announce(
     the pods whose announcement it did not take."""
     said: list[events.Event] = []
     unsaid: set[str] = set()
-    for pod, event in sorted(decision.announce.items(), key=lambda kv: (kv[1].at, kv[1].id)):
+    said_by = [(pod, e) for pod, evs in decision.announce.items() for e in evs]
+    # Stable: what one pod says at one instant (kwok ends init containers together) keeps
+    # the pod's order (a stage's end, then the next stage's start).
+    for pod, event in sorted(said_by, key=lambda kv: kv[1].at):
         if bus.delivered(event):
             continue
         # One at a time: a node's announcements share a subject, and the order they were

@@ -4,13 +4,18 @@ Pod names are deterministic, so a second replica or a retried reconcile asking f
 pod gets AlreadyExists instead of a duplicate. This module is pure: building manifests is the
 owning service's job; this one only names pods and reads them.
 
-A stage pod runs the stage in its init container :data:`STAGE_CONTAINER` and the stage's
-check in its main container :data:`CHECK_CONTAINER` (``shared.podspec``): the kubelet starts
-the check only once the stage exited 0. :func:`parts` reads such a pod as two views, the
-stage (role ``stage``, the executor's to judge) and the check (role ``check``, the
-validator's); one pod per stage instead of a stage pod and a check pod halved the pods
-created and deleted, and the validator creates none (issue 15). Pods made by earlier
-versions (a stage pod without a check container, a check pod of its own) read as one view.
+A stage pod runs a *segment* of its package's cycle: the stages that follow one another with
+nothing but their checks in between (``apply`` then ``config``; ``config`` alone; an
+interrupt ends a segment). Its annotation :data:`ANN_STAGES` names them in order; each stage
+runs in the init container named after it and its check in the container ``<stage>-check``
+(the last check is the main container), so the kubelet starts each one only once the one
+before it exited 0 (``shared.podspec``). :func:`parts` reads such a pod as a stage view
+(the executor's to judge) and a check view (the validator's) per stage. One pod per
+segment instead of a pod per stage (and before that, a pod per check too) is what the
+issue-15 budget of writes asked for: every pod is a create, a delete, a binding of status
+writes and an Event on the API server. Pods made by earlier versions (a stage pod whose
+init container ``agent`` runs the stage and whose container ``check`` its check; a stage
+pod without a check; a check pod of its own) are read as they always were.
 """
 
 from __future__ import annotations
@@ -39,14 +44,29 @@ ANN_ATTEMPT = f"{DOMAIN}/attempt"
 ANN_CYCLE = f"{DOMAIN}/cycle"
 """The cycle a stage pod belongs to (``PackageRecord.cycle_started``), or the
 interrupt's start: part of the pod's name, so a later cycle never reuses one."""
+ANN_STAGES = f"{DOMAIN}/stages"
+"""The stages a stage pod runs, in order, comma-separated (``apply,config``): one container
+per stage and one per check (:func:`stage_container`, :func:`check_container`). Absent on
+pods of earlier versions (one stage, the label's)."""
 
 Role = Literal["stage", "check", "interrupt"]
 
 STAGE_CONTAINER = "agent"
-"""The container running the agent's stage mode (the init container of a stage pod with a
-check, the only container otherwise)."""
+"""The container running the agent's stage mode in pods of earlier versions (the init
+container of a stage pod with a check, the only container otherwise) and interrupt pods."""
 CHECK_CONTAINER = "check"
-"""A stage pod's main container: the agent's ``<stage>-check`` mode, after the stage."""
+"""The main container of an earlier version's stage pod: the ``<stage>-check`` mode."""
+
+
+def stage_container(stage: str) -> str:
+    """The container of a segment pod (:data:`ANN_STAGES`) that runs ``stage``."""
+    return stage
+
+
+def check_container(stage: str) -> str:
+    """The container of a segment pod that runs ``stage``'s check (``<stage>-check``)."""
+    return f"{stage}-check"
+
 
 # Waiting reasons that mean the image will not arrive without a change to the spec.
 IMAGE_PULL_REASONS = frozenset(
@@ -130,7 +150,13 @@ class PodView:
     """The stage part of a pod that runs the stage's check after it (:func:`parts`): the
     check's verdict, not a write of the stage's end, is what records that it succeeded."""
     ended: datetime | None = None
-    """When the stage part's container exited (the stage part of :func:`parts`), if it did."""
+    """When the part's container exited (a part of :func:`parts`), if it did."""
+    container: str = ""
+    """The container whose log is this part's (:func:`parts`); "" for a whole pod."""
+    then: str = ""
+    """The stage the same pod runs after this part's stage and its check ("" when none):
+    a check that passed with a stage after it in its pod is not written, the next stage
+    starting is its record (:func:`parts`)."""
 
     @property
     def image_pull_failed(self) -> bool:
@@ -161,16 +187,86 @@ def view(pod: Mapping[str, Any]) -> PodView:
 
 
 def has_check(pod: Mapping[str, Any]) -> bool:
-    """A stage pod that runs its check in the same pod (:data:`CHECK_CONTAINER`)."""
+    """A stage pod that runs its stage's check in the same pod (a segment pod, or one of
+    an earlier version with a :data:`CHECK_CONTAINER`)."""
+    if stages_of(pod):
+        return True
     containers = (pod.get("spec") or {}).get("containers") or []
     return any(c.get("name") == CHECK_CONTAINER for c in containers)
 
 
+def stages_of(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """The stages a segment pod runs, in order (:data:`ANN_STAGES`); () for other pods."""
+    ann = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANN_STAGES) or ""
+    return tuple(s for s in str(ann).split(",") if s)
+
+
 def parts(pod: Mapping[str, Any]) -> tuple[PodView, ...]:
-    """What ``pod`` runs, one view each: the stage and its check for a stage pod with a check
-    container, else the whole pod (:func:`view`)."""
-    if not has_check(pod):
-        return (view(pod),)
+    """What ``pod`` runs, one view each: per stage of a segment pod (:data:`ANN_STAGES`),
+    the stage and its check, in order; the stage and its check of an earlier version's
+    stage pod with a check container; else the whole pod (:func:`view`).
+
+    Each part's ``created`` is when it could start (the pod's creation for the first, the
+    end of the container before it for the others: a stage's timeout and a check's clock
+    count from there), its ``attempt`` the pod's. A part after one that did not exit 0 is
+    ``Pending`` whatever the runtime says of its container: it never runs."""
+    seq = stages_of(pod)
+    if not seq:
+        return _parts_of_earlier(pod) if has_check(pod) else (view(pod),)
+    status = pod.get("status") or {}
+    inits = list(status.get("initContainerStatuses") or [])
+    statuses = inits + list(status.get("containerStatuses") or [])
+    ours = {c for s in seq for c in (stage_container(s), check_container(s))}
+    # Containers before the first stage (packageStaging: copy) are the first stage's: their
+    # image pull or failure is its.
+    staging = [cs for cs in inits if cs.get("name") not in ours]
+    pod_failed = status.get("phase") == "Failed"
+    out: list[PodView] = []
+    ok = True  # every container before this one exited 0
+    start = _ts((pod.get("metadata") or {}).get("creationTimestamp"))
+    for i, stage in enumerate(seq):
+        then = seq[i + 1] if i + 1 < len(seq) else ""
+        for role, name in (("stage", stage_container(stage)), ("check", check_container(stage))):
+            own = _named(statuses, name)
+            if not ok:
+                seen: list[Any] = []
+            else:
+                seen = [*(staging if not out else []), *([own] if own else [])]
+            v = _view(pod, seen)
+            code = _exit_of(statuses, name)
+            ended = _finished_at(statuses, name)
+            if not ok:
+                phase = "Pending"
+            elif code is not None:
+                phase = "Succeeded" if code == 0 else "Failed"
+            elif pod_failed:
+                phase = "Failed"  # evicted, or a staging container failed, before it ended
+            elif "running" in (own.get("state") or {}):
+                phase = "Running"
+            else:
+                phase = "Pending"
+            if ok and code == 0:
+                v = replace(v, exit_code=0, message="")
+            out.append(
+                replace(
+                    v,
+                    role=role,
+                    stage=stage,
+                    phase=phase,
+                    created=start,
+                    ended=ended if ok else None,
+                    checked=role == "stage",
+                    container=name,
+                    then=then,
+                )
+            )
+            ok = ok and phase == "Succeeded"
+            start = (ended or start) if ok else None
+    return tuple(out)
+
+
+def _parts_of_earlier(pod: Mapping[str, Any]) -> tuple[PodView, ...]:
+    """An earlier version's stage pod with a check container: its stage and its check."""
     status = pod.get("status") or {}
     inits = list(status.get("initContainerStatuses") or [])
     mains = list(status.get("containerStatuses") or [])
@@ -195,10 +291,24 @@ def parts(pod: Mapping[str, Any]) -> tuple[PodView, ...]:
         check_phase = "Pending"  # the check has not started: the stage has not succeeded
     started = _finished_at(inits, STAGE_CONTAINER)
     return (
-        replace(stage, role="stage", phase=stage_phase, checked=True, ended=started),
+        replace(
+            stage,
+            role="stage",
+            phase=stage_phase,
+            checked=True,
+            ended=started,
+            container=STAGE_CONTAINER,
+        ),
         # The check's clock (its timeout, its image's grace) starts when the stage ended,
         # not when the pod was made.
-        replace(check, role="check", phase=check_phase, created=started or check.created),
+        replace(
+            check,
+            role="check",
+            phase=check_phase,
+            created=started or check.created,
+            ended=_finished_at(mains, CHECK_CONTAINER),
+            container=CHECK_CONTAINER,
+        ),
     )
 
 

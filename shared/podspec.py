@@ -1,10 +1,12 @@
-"""Manifests of NodeWright's pods on a node: a package stage (executor), a stage check
-(validator), or the node's merged interrupt (executor).
+"""Manifests of NodeWright's pods on a node: a package segment (executor) or the node's
+merged interrupt (executor).
 
-A stage pod runs on its node (``spec.nodeName``, bypassing the scheduler) as an *agent*
-init container running ``python -m agent <stage>`` and a *check* container running
-``python -m agent <stage>-check`` (the kubelet starts the check once the stage exited 0; the
-validator judges it, ``shared.pods.parts``), both with the host's ``/`` at ``/host``, the
+A stage pod runs on its node (``spec.nodeName``, bypassing the scheduler) and runs a
+*segment* of its package's cycle (``shared.pods.ANN_STAGES``: ``apply,config``, ``config``
+...): per stage, a container running ``python -m agent <stage>`` and one running
+``python -m agent <stage>-check``, all init containers but the last check, so the kubelet
+starts each once the one before it exited 0 (the executor judges the stages, the validator
+the checks, ``shared.pods.parts``). Every container has the host's ``/`` at ``/host``, the
 *package* image mounted read-only at ``/nodewright-package`` as an image volume (so package
 images need no shell: ``FROM scratch`` works; Kubernetes >= 1.35 with a runtime supporting
 image volumes), the CR's configMap at ``/nodewright-config`` and the node's metadata (the
@@ -63,6 +65,13 @@ class PodRequest:
     """The node's position in the rollout (``Selection.order``); None: unknown, not passed."""
     cycle: str = ""
     """The cycle the pod belongs to (``shared.pods.ANN_CYCLE``); part of its name."""
+    stages: tuple[str, ...] = ()
+    """The stages a stage pod runs, ``stage`` first (``shared.pods.ANN_STAGES``); () is
+    ``stage`` alone."""
+
+    @property
+    def segment(self) -> tuple[str, ...]:
+        return self.stages or (self.stage,)
 
     @property
     def key(self) -> pods.PodKey:
@@ -203,42 +212,48 @@ def simulation_annotations(
     stage: str,
     default_duration: str,
     image: str = "",
-    checked: bool = False,
+    segment: tuple[str, ...] = (),
 ) -> dict[str, str]:
-    """kwok stage annotations for a simulated pod, from the node's ``sim.*`` wishes; a
-    ``checked`` pod (a stage and its check) fails its stage for ``<package>/<stage>`` and its
-    check for ``<package>/<stage>-check``."""
+    """kwok stage annotations for a simulated pod, from the node's ``sim.*`` wishes. A stage
+    pod running ``segment`` takes ``duration`` per stage and per check (kwok ends the init
+    containers at once: the pod's time is theirs together) and fails at the first of its
+    containers a wish names: ``<package>/<stage>`` a stage, ``<package>/<stage>-check`` its
+    check. Without ``segment``, a pod of one container (the interrupt)."""
     duration = node_annotations.get(SIM_STAGE_DURATION) or default_duration
     pull = node_annotations.get(SIM_IMAGE_PULL_ERROR, "")
-    if pull and _matches(pull, package, stage):
+    runs = segment or (stage,)
+    if pull and any(_matches(pull, package, s) for s in runs):
         return {f"{SIM}/image-pull-error": "ImagePullBackOff", f"{SIM}/image": image}
     fail = node_annotations.get(SIM_FAIL, "")
-    if fail and _matches(fail, package, stage):
-        failed = {
-            f"{SIM}/fail-after": duration,
-            f"{SIM}/exit-code": "1",
-            f"{SIM}/fail-message": f"simulated failure of {package or 'interrupt'} {stage}",
-        }
-        return {**failed, SIM_FAIL_INIT: pods.STAGE_CONTAINER} if checked else failed
-    if not checked:
+    if not segment:
+        if fail and _matches(fail, package, stage):
+            return {
+                f"{SIM}/fail-after": duration,
+                f"{SIM}/exit-code": "1",
+                f"{SIM}/fail-message": f"simulated failure of {package or 'interrupt'} {stage}",
+            }
         return {f"{SIM}/succeed-after": duration}
-    # kwok ends the stage (the init container) at once: the pod takes the stage's time and
-    # its check's, as a stage and a check each of ``duration`` would.
-    both = _twice(duration)
-    check = f"{stage}-check"
-    if fail and _matches(fail, package, check):
-        return {
-            f"{SIM}/fail-after": both,
-            f"{SIM}/exit-code": "1",
-            f"{SIM}/fail-message": f"simulated failure of {package} {check}",
-        }
-    return {f"{SIM}/succeed-after": both}
+    containers = [
+        (name, mode)
+        for s in segment
+        for name, mode in ((pods.stage_container(s), s), (pods.check_container(s), f"{s}-check"))
+    ]
+    for i, (name, mode) in enumerate(containers):
+        if fail and _matches(fail, package, mode):
+            failed = {
+                f"{SIM}/fail-after": _times(duration, i + 1),
+                f"{SIM}/exit-code": "1",
+                f"{SIM}/fail-message": f"simulated failure of {package} {mode}",
+            }
+            last = i == len(containers) - 1
+            return failed if last else {**failed, SIM_FAIL_INIT: name}
+    return {f"{SIM}/succeed-after": _times(duration, len(containers))}
 
 
-def _twice(duration: str) -> str:
-    """``2s`` for ``1s``; a duration in another form (an RFC 3339 time) as it is."""
+def _times(duration: str, n: int) -> str:
+    """``3s`` for ``1s`` and 3; a duration in another form (an RFC 3339 time) as it is."""
     m = _SIM_SECONDS.match(duration)
-    return f"{2 * float(m.group(1)):g}s" if m else duration
+    return f"{n * float(m.group(1)):g}s" if m else duration
 
 
 def manifest(
@@ -248,15 +263,13 @@ def manifest(
     node: str,
     node_annotations: Mapping[str, str],
     settings: PodSettings,
-    agent_args: list[str],
-    env: list[dict[str, Any]],
+    runs: list[tuple[str, list[str], list[dict[str, Any]]]],
     package_image: str,
     config_map_ref: str = "",
     node_metadata: str | None = None,
-    check_args: list[str] | None = None,
 ) -> dict[str, Any]:
-    """The pod; with ``check_args`` the agent runs ``agent_args`` as the last init container
-    and ``check_args`` as the main container (:data:`shared.pods.CHECK_CONTAINER`)."""
+    """The pod running the agent once per item of ``runs`` (container name, arguments,
+    environment), in order: all but the last as init containers."""
     name = req.name
     annotations = {
         pods.ANN_NODE: node,
@@ -265,6 +278,8 @@ def manifest(
     }
     if req.cycle:
         annotations[pods.ANN_CYCLE] = req.cycle
+    if req.role == "stage":
+        annotations[pods.ANN_STAGES] = ",".join(req.segment)
     if node_metadata is not None:
         annotations[nodemetadata.ANNOTATION] = node_metadata
     if settings.simulate:
@@ -275,7 +290,7 @@ def manifest(
                 stage=req.stage,
                 default_duration=settings.sim_stage_duration,
                 image=package_image or settings.agent_image,
-                checked=check_args is not None,
+                segment=req.segment if req.role == "stage" else (),
             )
         )
     volumes: list[dict[str, Any]] = [
@@ -301,7 +316,7 @@ def manifest(
         volumes.append(nodemetadata.volume("node-metadata"))
         mounts.append({"name": "node-metadata", "mountPath": NODE_METADATA_MOUNT, "readOnly": True})
 
-    def agent(name: str, args: list[str]) -> dict[str, Any]:
+    def agent(name: str, args: list[str], env: list[dict[str, Any]]) -> dict[str, Any]:
         container: dict[str, Any] = {
             "name": name,
             "image": settings.agent_image,
@@ -316,10 +331,9 @@ def manifest(
             container["resources"] = api.to_dict(req.desired.spec.resources)
         return container
 
-    containers = [agent(pods.STAGE_CONTAINER, agent_args)]
-    if check_args is not None:
-        init_containers = [*init_containers, *containers]
-        containers = [agent(pods.CHECK_CONTAINER, check_args)]
+    agents = [agent(*run) for run in runs]
+    init_containers = [*init_containers, *agents[:-1]]
+    containers = agents[-1:]
     spec: dict[str, Any] = {
         "nodeName": node,
         "restartPolicy": "Never",
@@ -358,8 +372,8 @@ def stage_pod(
     settings: PodSettings,
     node_metadata: str,
 ) -> dict[str, Any]:
-    """A package stage pod (apply, upgrade, config, post-interrupt, uninstall: the stage,
-    then its check, see :func:`manifest`). ``node_metadata`` is the
+    """A package's segment pod (``req.segment``: each stage of apply, upgrade, config,
+    post-interrupt, uninstall, then its check, see the module). ``node_metadata`` is the
     ``node.json`` its steps see (:func:`shared.nodemetadata.text` of the node as decided on)."""
     assert req.desired is not None
     d = req.desired
@@ -369,11 +383,16 @@ def stage_pod(
         {"name": "NODEWRIGHT_RUN_ID", "value": req.name},
         {"name": "NODEWRIGHT_TO_VERSION", "value": req.version},
     ]
-    if req.previous and req.stage == "upgrade":
-        # The installed version, for upgrade and upgrade-check (other modes ignore it).
-        env.append({"name": "NODEWRIGHT_FROM_VERSION", "value": req.previous})
     if req.node_order is not None:
         env.append({"name": "NODEWRIGHT_NODE_ORDER", "value": str(req.node_order)})
+    runs: list[tuple[str, list[str], list[dict[str, Any]]]] = []
+    for stage in req.segment:
+        own = env
+        if req.previous and stage == "upgrade":
+            # The installed version, for upgrade and upgrade-check.
+            own = [*env, {"name": "NODEWRIGHT_FROM_VERSION", "value": req.previous}]
+        runs.append((pods.stage_container(stage), [stage], own))
+        runs.append((pods.check_container(stage), [f"{stage}-check"], own))
     cm = config_map_name(cr.metadata.name, d.name, d.config_digest) if d.config else ""
     return manifest(
         req,
@@ -381,12 +400,10 @@ def stage_pod(
         node=node,
         node_annotations=node_annotations,
         settings=settings,
-        agent_args=[req.stage],
-        env=env,
+        runs=runs,
         package_image=d.image,
         config_map_ref=cm,
         node_metadata=node_metadata,
-        check_args=[f"{req.stage}-check"],
     )
 
 
@@ -412,7 +429,6 @@ def interrupt_pod(
         node=node,
         node_annotations=node_annotations,
         settings=settings,
-        agent_args=["interrupt"],
-        env=env,
+        runs=[(pods.STAGE_CONTAINER, ["interrupt"], env)],
         package_image="",
     )

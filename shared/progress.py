@@ -352,6 +352,20 @@ def next_stage(r: PackageRecord) -> str | None:
             return None
 
 
+def segment(r: PackageRecord) -> tuple[str, ...]:
+    """The stages one pod runs from ``r``'s current stage on (``shared.pods.ANN_STAGES``):
+    that stage and the checked stages that follow it with nothing in between but checks
+    (``apply, config``; ``config``; ``post-interrupt``; ``uninstall``); an interrupt ends a
+    segment. A failed stage or check stops its pod; a retry runs a new one from the stage
+    that failed, or whose check did."""
+    out = [r.stage]
+    nxt = next_stage(r)
+    while nxt is not None and nxt in CHECKED_STAGES and nxt not in out:
+        out.append(nxt)
+        nxt = next_stage(msgspec.structs.replace(r, stage=nxt))
+    return tuple(out)
+
+
 def finish_cycle(r: PackageRecord, *, config: str, config_keys: Mapping[str, str]) -> PackageRecord:
     """``r`` once its cycle ended: its version installed with ``config`` applied."""
     return msgspec.structs.replace(
@@ -371,8 +385,12 @@ def finished_cycles(record: ExecutorRecord, checks: Verdicts) -> ExecutorRecord:
     say the executor did not write (issue 15: a Node write each, and a hop of latency):
 
     - a stage still recorded as running whose check has a verdict (passed or failed) for
-      that attempt succeeded: its check runs in the same pod and starts only once the stage
-      exited 0 (``shared.pods.parts``), so the verdict is the record of the stage's end;
+      that attempt and cycle succeeded: its check runs in the same pod and starts only once
+      the stage exited 0 (``shared.pods.parts``), so the verdict is the record of the
+      stage's end;
+    - likewise a verdict on a later stage of the same pod (:func:`segment`, same attempt
+      and cycle): that stage ran, so every stage before it in the pod succeeded and passed
+      its check; the record reads as at that stage;
     - a package whose cycle's last stage succeeded and whose check passed for that attempt
       counts as finished (installed, its configuration applied).
 
@@ -384,21 +402,30 @@ def finished_cycles(record: ExecutorRecord, checks: Verdicts) -> ExecutorRecord:
         return record
     changed: dict[str, PackageRecord] = {}
     for name, r in record.packages.items():
-        v = checks.get(nodestate.check_key(name, r.version, r.stage))
-        if v is None or not verdict_about(r, v):
-            continue
-        if (
-            r.state == "running"
-            and r.stage in CHECKED_STAGES
-            and v.verdict != "running"
+        v: CheckRecord | None = None
+        if r.state == "running" and r.stage in CHECKED_STAGES and r.cycle_started is not None:
             # Only a verdict that names this cycle: one of another cycle with the same
             # stage and attempt (not yet dropped by the validator) says nothing of this run.
-            and v.cycle
-        ):
-            r = msgspec.structs.replace(r, state="succeeded", updated=v.at)
-            changed[name] = r
+            cycle = cycle_of(r)
+            for stage in reversed(segment(r)):
+                said = checks.get(nodestate.check_key(name, r.version, stage))
+                if (
+                    said is not None
+                    and said.verdict != "running"
+                    and said.cycle == cycle
+                    and said.attempt == r.attempt
+                ):
+                    r = msgspec.structs.replace(r, stage=stage, state="succeeded", updated=said.at)
+                    changed[name] = r
+                    v = said
+                    break
+        else:
+            v = checks.get(nodestate.check_key(name, r.version, r.stage))
+            if v is not None and not verdict_about(r, v):
+                v = None
         if (
-            r.state != "succeeded"
+            v is None
+            or r.state != "succeeded"
             or r.cycle == "uninstall"
             or not r.cycle_config
             or next_stage(r) is not None

@@ -88,10 +88,11 @@ class Decision:
     settled: frozenset[str] = frozenset()
     """Among :attr:`delete`: the pods the record already moved past (:func:`_settled`)."""
     publish: tuple[events.Event, ...] = ()
-    announce: Mapping[str, events.StageSucceeded] = field(default_factory=dict)
-    """By pod name, what the pod says, published without a write: ``stage.succeeded`` of a
-    stage whose pod runs its check (:func:`_announce`). The shell deletes such a pod only
-    once the stream holds its event."""
+    announce: Mapping[str, tuple[events.Event, ...]] = field(default_factory=dict)
+    """By pod name, what the pod says, published without a write (:func:`_announce`):
+    ``stage.succeeded`` of each stage of a pod that runs its check, ``stage.started`` of
+    each stage after the first. The shell deletes such a pod only once the stream holds its
+    events."""
     requeue_after: float | None = None
     problem: str = ""
     """Why nothing can be decided (for the shell to log), e.g. an undecodable record."""
@@ -103,8 +104,10 @@ class _Work(Work):
 
     packages: dict[str, PackageRecord]
     interrupt: InterruptRecord | None
-    announce: dict[str, events.StageSucceeded] = field(default_factory=dict)
-    """By pod name (:attr:`Decision.announce`)."""
+    announce: dict[str, dict[str, events.Event]] = field(default_factory=dict)
+    """By pod name and event id, in the order said (:attr:`Decision.announce`)."""
+    parts: dict[str, list[PodView]] = field(default_factory=dict)
+    """By pod name, the stage parts of each pod on the node, in the order they run."""
 
 
 def pod_name(cr: str, node: str, req: PodRequest) -> str:
@@ -281,29 +284,42 @@ def _request_stage(w: _Work, d: Desired, r: PackageRecord) -> None:
         desired=d,
         node_order=w.node.selection.order if w.node.selection is not None else None,
         cycle=progress.cycle_of(r),
+        # A record of an earlier version (no cycle) runs one stage per pod, as it did.
+        stages=progress.segment(r) if r.cycle_started is not None else (),
     )
     req = replace(req, name=pod_name(w.cr.metadata.name, w.node.name, req))
     w.start(req)
-    w.out.emit(
+    # Stamped with when the record says the run started: a pod made again (lost, or never
+    # made) says the same event, which the stream is looked up for once the first one is
+    # older than its deduplication window, instead of a new one it would store a second time.
+    w.out.events.append(_started(w, d.name, r.version, r.stage, r.attempt, req.name, r.updated))
+
+
+def _started(
+    w: _Work, package: str, version: str, stage: str, attempt: int, pod: str, at: datetime
+) -> events.StageStarted:
+    """``stage.started`` of a run of ``stage`` in ``pod``, started ``at``."""
+    return w.out.make(
         events.StageStarted,
-        d.name,
-        r.version,
-        r.stage,
-        r.attempt,
+        package,
+        version,
+        stage,
+        attempt,
         "started",
-        # When the record says the run started: a pod made again (lost, or never made) says
-        # the same event, which the stream is looked up for once the first one is older than
-        # its deduplication window, instead of a new one it would store a second time.
-        at=r.updated,
-        package=d.name,
-        version=r.version,
-        stage=r.stage,
-        pod=req.name,
-        attempt=r.attempt,
+        at=at,
+        package=package,
+        version=version,
+        stage=stage,
+        pod=pod,
+        attempt=attempt,
     )
 
 
-def _failed(w: _Work, d: Desired, r: PackageRecord, reason: Reason) -> PackageRecord:
+def _failed(
+    w: _Work, d: Desired, r: PackageRecord, reason: Reason, started: datetime | None = None
+) -> PackageRecord:
+    """``r`` with its stage failed for ``reason`` (``started``: when the stage started, if
+    not when the record says)."""
     w.out.emit(
         events.StageFailed,
         d.name,
@@ -316,6 +332,7 @@ def _failed(w: _Work, d: Desired, r: PackageRecord, reason: Reason) -> PackageRe
         stage=r.stage,
         reason=reason,
         attempt=r.attempt,
+        started=started or r.updated,
     )
     return update(r, state="failed", reason=reason, updated=w.now)
 
@@ -359,44 +376,112 @@ def _no_pod(w: _Work, d: Desired, r: PackageRecord) -> Reason:
     )
 
 
-def _announce(w: _Work, pod: PodView) -> None:
-    """``stage.succeeded`` of ``pod``'s stage, as the pod says: stamped with the stage's
-    end, so every pass (of any replica, after any restart) makes the same event, and the
-    stream keeps one (deterministic id; an old one is looked up before it is sent again)."""
-    event = w.out.make(
-        events.StageSucceeded,
-        pod.package,
-        pod.version,
-        pod.stage,
-        pod.attempt,
-        "ok",
-        at=pod.ended or pod.created or w.now,
-        package=pod.package,
-        version=pod.version,
-        stage=pod.stage,
-        attempt=pod.attempt,
-    )
-    w.announce[pod.name] = event
+def _say(w: _Work, pod: str, event: events.Event) -> None:
+    w.announce.setdefault(pod, {})[event.id] = event
+
+
+def _announce(w: _Work, pod: str) -> None:
+    """What ``pod`` says of its stages, as it says it: ``stage.started`` of each stage after
+    the first that started (the first's start is recorded, with its event, by the write that
+    made the pod) and ``stage.succeeded`` of each stage that exited 0, each stamped with
+    when it happened in the pod, so every pass (of any replica, after any restart) makes the
+    same events, and the stream keeps one of each (deterministic ids; an old one is looked
+    up before it is sent again)."""
+    views = w.parts.get(pod, ())
+    for i, part in enumerate(views):
+        if not part.checked or (i > 0 and part.created is None):
+            return  # a pod without checks is recorded by writes; a stage not reached
+        facts = (part.package, part.version, part.stage, part.attempt)
+        if i > 0 and part.created is not None:
+            _say(w, pod, _started(w, *facts, part.name, part.created))
+        if part.phase != "Succeeded":
+            return
+        _say(
+            w,
+            pod,
+            w.out.make(
+                events.StageSucceeded,
+                *facts,
+                "ok",
+                at=part.ended or part.created or w.now,
+                package=part.package,
+                version=part.version,
+                stage=part.stage,
+                attempt=part.attempt,
+                started=part.created,
+            ),
+        )
 
 
 def _observe_stage(
-    w: _Work, d: Desired, r: PackageRecord, pod: PodView | None, grace: float
+    w: _Work,
+    d: Desired,
+    r: PackageRecord,
+    pod: PodView | None,
+    pods_by: Mapping[PodKey, PodView],
+    grace: float,
 ) -> PackageRecord:
-    """Fold a running stage's pod into the record."""
-    timeout = _stage_timeout(w.cr, d)
+    """Fold a running stage's pod into the record: ``pod`` is its view of the record's
+    stage. In a pod that runs checks the stages that follow one another in it are judged
+    in turn, each from its own start; what succeeds is said from the pod (:func:`_announce`),
+    not written: the validator's verdict on the last check records it
+    (``progress.finished_cycles``). A stage that fails is recorded as the record's stage."""
     if pod is None:
         return r
     w.keep.add(pod.name)
-    if pod.phase == "Succeeded" and pod.checked and progress.cycle_of(r):
-        # Its check runs now, in this pod: the validator's verdict records that the stage
-        # succeeded (progress.finished_cycles), no write of ours (issue 15). The check has
-        # its own timeout, from the stage's end.
-        _announce(w, pod)
-        return r
+    if not (pod.checked and progress.cycle_of(r)):
+        return _observe_unchecked(w, d, r, pod, grace)
+    _announce(w, pod.name)
+    part = pod
+    while part.phase == "Succeeded":
+        # Its check runs now, in this pod, then the pod's next stage if it has one.
+        nxt = pods_by.get((d.name, part.then, r.version, r.attempt, progress.cycle_of(r)))
+        if not part.then or nxt is None or nxt.name != pod.name or nxt.created is None:
+            return r  # the check runs, or ended: the validator's to record
+        part = nxt
+    first = part is pod
+    at = r if first else update(r, stage=part.stage)
+    started = r.updated if first else (part.created or r.updated)
+    return _judged(w, d, at, part, started, grace) or r
+
+
+def _judged(
+    w: _Work, d: Desired, r: PackageRecord, part: PodView, started: datetime, grace: float
+) -> PackageRecord | None:
+    """``r`` with its stage failed when ``part`` (the stage's part of its pod, started at
+    ``started``) failed, cannot start, or ran past the stage's timeout; None while it runs."""
+    failure = _pod_failure(part, now=w.now, image_pull_grace_s=grace)
+    if failure is not None:
+        return _failed(w, d, r, failure, started=started)
+    timeout = _stage_timeout(w.cr, d)
+    elapsed = (w.now - started).total_seconds()
+    if elapsed >= timeout:
+        w.keep.discard(part.name)  # stop it: a timed-out stage must not finish later unseen
+        return _failed(
+            w,
+            d,
+            r,
+            Reason(
+                code=reasons.STAGE_TIMEOUT,
+                message=f"stage {r.stage} of {d.name} {r.version} ran longer than {timeout}s",
+                objects=(pods.pods_kind_ref(part),),
+                details={"timeoutSeconds": str(timeout)},
+            ),
+            started=started,
+        )
+    if part.image_pull_failed:
+        w.later(max(0.5, grace - ((w.now - part.created).total_seconds() if part.created else 0)))
+    w.later(max(1.0, timeout - elapsed))
+    return None
+
+
+def _observe_unchecked(
+    w: _Work, d: Desired, r: PackageRecord, pod: PodView, grace: float
+) -> PackageRecord:
+    """A pod without a check container, or a record without a cycle (both of an earlier
+    version): its stage's end is recorded here; the validator judges the check of a
+    succeeded stage (a pod without one fails it as a pod that went away)."""
     if pod.phase == "Succeeded":
-        # A pod without a check container, or a record without a cycle (both of an earlier
-        # version): recorded here; the validator judges the check of a succeeded stage
-        # (a pod without one fails it as a pod that went away).
         w.out.emit(
             events.StageSucceeded,
             d.name,
@@ -408,29 +493,10 @@ def _observe_stage(
             version=r.version,
             stage=r.stage,
             attempt=r.attempt,
+            started=r.updated,
         )
         return update(r, state="succeeded", reason=None, updated=w.now)
-    failure = _pod_failure(pod, now=w.now, image_pull_grace_s=grace)
-    if failure is not None:
-        return _failed(w, d, r, failure)
-    elapsed = (w.now - r.updated).total_seconds()
-    if elapsed >= timeout:
-        w.keep.discard(pod.name)  # stop it: a timed-out stage must not finish later unseen
-        return _failed(
-            w,
-            d,
-            r,
-            Reason(
-                code=reasons.STAGE_TIMEOUT,
-                message=f"stage {r.stage} of {d.name} {r.version} ran longer than {timeout}s",
-                objects=(pods.pods_kind_ref(pod),),
-                details={"timeoutSeconds": str(timeout)},
-            ),
-        )
-    if pod.image_pull_failed:
-        w.later(max(0.5, grace - ((w.now - pod.created).total_seconds() if pod.created else 0)))
-    w.later(max(1.0, timeout - elapsed))
-    return r
+    return _judged(w, d, r, pod, r.updated, grace) or r
 
 
 def _advance(w: _Work, d: Desired, r: PackageRecord) -> PackageRecord:
@@ -461,10 +527,11 @@ def _advance(w: _Work, d: Desired, r: PackageRecord) -> PackageRecord:
 
 
 def _settled(records: Mapping[str, PackageRecord], pod: PodView) -> bool:
-    """``pod`` is a finished stage pod whose outcome its package's record folded in, or
-    whose stage or attempt that record moved past: no later record needs it, so deleting it
-    needs no fence. Anything else (a pod of another cycle, a running one) goes after the
-    fence write."""
+    """``pod`` (a stage part of a pod, :func:`shared.pods.parts`) is a finished stage whose
+    outcome its package's record folded in, or whose stage or attempt that record moved
+    past: no later record needs its pod (when one of a pod's parts is such, the pod is), so
+    deleting it needs no fence. Anything else (a pod of another cycle, a running one) goes
+    after the fence write."""
     r = records.get(pod.package)
     if pod.role != "stage" or pod.phase not in ("Succeeded", "Failed") or r is None:
         return False
@@ -542,17 +609,25 @@ def _packages(
                     continue
                 _request_stage(w, d, r)  # lost or never created: same deterministic name
                 continue
-            w.packages[name] = _observe_stage(w, d, r, pod, grace)
+            w.packages[name] = _observe_stage(w, d, r, pod, pods_by, grace)
             continue
         # succeeded: the check runs in the stage's pod; wait for the validator's verdict on
         # this attempt's check
         verdict = w.node.validator.checks.get(check_key(name, r.version, r.stage))
         if verdict is None or verdict.verdict != "passed" or not progress.verdict_about(r, verdict):
             pod = pods_by.get(_key(r, name))
-            if pod is not None:
+            timed_out = (
+                verdict is not None
+                and verdict.reason is not None
+                and verdict.reason.code == reasons.CHECK_TIMEOUT
+                and progress.verdict_about(r, verdict)
+            )
+            if pod is not None and not timed_out:
                 w.keep.add(pod.name)  # its check runs, or failed: kept for its logs
-                if pod.checked and pod.phase == "Succeeded":
-                    _announce(w, pod)
+            if pod is not None:
+                # A check that timed out is stopped: neither it nor a stage after it in its
+                # pod may go on unseen.
+                _announce(w, pod.name)
             continue
         if may_start:
             if r.cycle == "uninstall" and progress.next_stage(r) is None:
@@ -889,6 +964,8 @@ def decide(
     )
     mine = [p for p in node_pods if p.cr == cr.metadata.name and p.node == node.name]
     pods_by = {p.key: p for p in mine if not p.deleting}
+    for p in mine:
+        w.parts.setdefault(p.name, []).append(p)
     desired = progress.desired(cr)
     # The drainer and validator must have seen the same requests first: a reset restarts
     # the drain and forgets the node's validation.
@@ -908,12 +985,11 @@ def decide(
         _packages(w, desired, pods_by, image_pull_grace_s, may_start)
         _interrupt(w, desired, pods_by, image_pull_grace_s, may_start)
     gone = [p for p in mine if p.name not in w.keep and not p.deleting]
-    for p in gone:
-        if p.role == "stage" and p.checked and p.phase == "Succeeded":
-            # Said before the pod goes (the shell holds the delete until the stream holds
-            # it): once the pod is gone, nothing says its stage succeeded any more.
-            _announce(w, p)
-    delete = tuple(sorted(p.name for p in gone))
+    for name in {p.name for p in gone}:
+        # Said before the pod goes (the shell holds the delete until the stream holds
+        # it): once the pod is gone, nothing says its stages ran any more.
+        _announce(w, name)
+    delete = tuple(sorted({p.name for p in gone}))
     settled = frozenset(p.name for p in gone if _settled(node.executor.packages, p))
     # A fresh record starts out having honoured every request: there was nothing to act on.
     mark = requests.latest if fresh else node.executor.honoured
@@ -944,6 +1020,6 @@ def decide(
         delete=delete,
         settled=settled,
         publish=tuple(w.out.events),
-        announce=dict(w.announce),
+        announce={pod: tuple(said.values()) for pod, said in w.announce.items() if said},
         requeue_after=w.requeue,
     )

@@ -3,10 +3,14 @@ when a node is validated, and when its readiness taint may go.
 
 For one (NodeWright, node) pair:
 
-- every package stage is checked in its own pod, whose main container runs the agent's
-  ``<stage>-check`` mode once the stage exited 0 (``shared.pods.parts``): the executor
-  records no stage's success, the verdict does (``shared.progress.finished_cycles``). The
-  verdict is recorded as passed, or failed with a
+- every package stage is checked in its own pod, in the container after the stage's that
+  runs the agent's ``<stage>-check`` mode once the stage exited 0 (``shared.pods.parts``):
+  the executor records no stage's success, the verdict does
+  (``shared.progress.finished_cycles``). A check that passed with a stage after it in the
+  same pod (``apply`` then ``config``) is said (``stage.validated``, :attr:`Decision.announce`)
+  but not written: the next stage starting in the pod records it, and the verdict on the
+  pod's last check (or the first failed one) records the whole pod. The verdict is recorded
+  as passed, or failed with a
   machine-readable reason carrying the check's output tail (``CheckFailed``), the image
   that cannot be pulled (``ImagePullFailed``), the timeout (``CheckTimeout``) or the pod
   that went away before its check ended (``CheckFailed``). The validator creates and
@@ -91,6 +95,9 @@ class Decision:
     requeue_after: float | None = None
     problem: str = ""
     """Why nothing can be decided (for the shell to log), e.g. an undecodable record."""
+    announce: Mapping[str, tuple[events.Event, ...]] = field(default_factory=dict)
+    """By pod name, ``stage.validated`` of each check that passed with a stage after it in
+    its pod: said from the pod, not written (``shared.decisions.NodeDecision.announce``)."""
 
     @property
     def changes_node(self) -> bool:
@@ -106,6 +113,8 @@ class _Work(Work):
     """The validator's pass: the check verdicts as they change."""
 
     checks: dict[str, CheckRecord]
+    announce: dict[str, dict[str, events.Event]] = field(default_factory=dict)
+    """By pod name and event id (:attr:`Decision.announce`)."""
 
 
 POD_GONE_GRACE_S: Final = 30.0
@@ -204,10 +213,20 @@ def _checks(w: _Work, check_pods: Mapping[PodKey, PodView], grace: float) -> set
         v = w.checks.get(key)
         if v is not None and v.verdict != "running":
             continue
-        pod = check_pods.get((name, r.stage, r.version, r.attempt, progress.cycle_of(r)))
-        if r.state == "running" and (
-            pod is None or pod.phase == "Pending" or not progress.cycle_of(r)
-        ):
+        cycle = progress.cycle_of(r)
+        pod = check_pods.get((name, r.stage, r.version, r.attempt, cycle))
+        stage = r.stage
+        said: list[events.Event] = []
+        while r.state == "running" and pod is not None and pod.then and pod.phase == "Succeeded":
+            # A check with a stage after it in its pod: the next stage starting is its
+            # record; said from the pod, not written. The pod's next check is judged next.
+            said.append(_validated(w, pod))
+            stage = pod.then
+            key = check_key(name, r.version, stage)
+            wanted.add(key)
+            later = check_pods.get((name, stage, r.version, r.attempt, cycle))
+            pod = later if later is not None and later.name == pod.name else None
+        if r.state == "running" and (pod is None or pod.phase == "Pending" or not cycle):
             # The stage runs (its pod's check starts once it exited 0), or its pod is gone
             # and the executor makes it again: the executor's to judge. A record without a
             # cycle (an earlier version's) is written as succeeded first.
@@ -224,7 +243,7 @@ def _checks(w: _Work, check_pods: Mapping[PodKey, PodView], grace: float) -> set
         else:
             timeout = d.spec.stage_timeout_seconds or w.cr.spec.stage_timeout_seconds
             # A "running" verdict is an earlier version's record of the start.
-            started = v.at if v is not None else pod.created or w.now
+            started = v.at if v is not None and stage == r.stage else pod.created or w.now
             verdict = _verdict_from_pod(
                 pod, started=started, now=w.now, timeout=timeout, grace=grace
             )
@@ -232,17 +251,20 @@ def _checks(w: _Work, check_pods: Mapping[PodKey, PodView], grace: float) -> set
                 w.later(min(30.0, max(1.0, timeout - (w.now - started).total_seconds())))
                 continue
         w.checks[key] = verdict
+        # What the pod said of its earlier checks goes into the outbox with the verdict that
+        # records them: said from the pod only, it would be lost with a NATS outage then.
+        w.out.events.extend(said)
         if verdict.verdict == "passed":
             w.out.emit(
                 events.StageValidated,
                 name,
                 r.version,
-                r.stage,
+                stage,
                 r.attempt,
                 "validated",
                 package=name,
                 version=r.version,
-                stage=r.stage,
+                stage=stage,
             )
         else:
             assert verdict.reason is not None
@@ -250,15 +272,34 @@ def _checks(w: _Work, check_pods: Mapping[PodKey, PodView], grace: float) -> set
                 events.ValidationFailed,
                 name,
                 r.version,
-                r.stage,
+                stage,
                 r.attempt,
                 "invalid",
                 package=name,
                 version=r.version,
-                stage=r.stage,
+                stage=stage,
                 reason=verdict.reason,
             )
     return wanted
+
+
+def _validated(w: _Work, pod: PodView) -> events.Event:
+    """``stage.validated`` of ``pod``'s check, as the pod says it: stamped with the check's
+    end, so every pass makes the same event (the one a write of its verdict would carry)."""
+    event = w.out.make(
+        events.StageValidated,
+        pod.package,
+        pod.version,
+        pod.stage,
+        pod.attempt,
+        "validated",
+        at=pod.ended or pod.created or w.now,
+        package=pod.package,
+        version=pod.version,
+        stage=pod.stage,
+    )
+    w.announce.setdefault(pod.name, {})[event.id] = event
+    return event
 
 
 def _with_checks(node: NodeFacts, checks: Mapping[str, CheckRecord]) -> NodeFacts:
@@ -482,4 +523,5 @@ def decide(
         add_readiness_taint=taint,
         boot_id=node.boot_id if taint else "",
         requeue_after=w.requeue,
+        announce={pod: tuple(said.values()) for pod, said in w.announce.items()},
     )

@@ -228,9 +228,11 @@ class Validator:
             return None
         facts = progress.facts(raw_node, cr_name)
         node_pods = [
-            check
+            part
             for p in (self.pods.get(k) for k in self.pod_index.names(key))
-            if p is not None and (check := pods.part(p, "check")) is not None
+            if p is not None
+            for part in pods.parts(p)
+            if part.role == "check"
         ]
         has_taint = core.has_readiness_taint(facts.taints)
         annotations = nodestate.annotations_of(raw_node)
@@ -308,6 +310,7 @@ class Validator:
                 spec=spec,
                 annotations=annotations,
                 events=decision.publish,
+                announce=decision.announce,
                 requeue_after=decision.requeue_after,
             ),
             nodes=self.node_port,

@@ -12,9 +12,10 @@ import msgspec
 import pytest
 
 from nodewright import cli, lifecycle_cmd, node_cmd, output, package_cmd
-from shared import api, nodestate, pods
+from shared import api, nodestate, pods, podspec, progress
 from shared.config import ServiceSettings
 from shared.events import Reason
+from shared.podspec import PodRequest
 from shared.records.executor import ExecutorRecord, PackageRecord
 from shared.records.scheduler import Selection
 from shared.records.validator import CheckRecord, ValidatorRecord
@@ -389,11 +390,66 @@ def test_the_log_selector_narrows_by_the_executors_labels() -> None:
         "app.kubernetes.io/managed-by=nodewright,nodewright.nvidia.com/role in (stage,check),"
         "nodewright.nvidia.com/package=tuning"
     )
-    assert package_cmd.log_selector("tuning", nodewright="gpu", stage="config") == (
+    assert package_cmd.log_selector("tuning", nodewright="gpu") == (
         "app.kubernetes.io/managed-by=nodewright,nodewright.nvidia.com/role in (stage,check),"
-        "nodewright.nvidia.com/package=tuning,nodewright.nvidia.com/nodewright=gpu,"
-        "nodewright.nvidia.com/stage=config"
+        "nodewright.nvidia.com/package=tuning,nodewright.nvidia.com/nodewright=gpu"
     )
+
+
+def _segment_pod(*codes: int) -> dict[str, Any]:
+    """tuning's pod running apply then config, whose first ``codes`` containers exited."""
+    cr = _cr()
+    d = progress.desired(cr)["tuning"]
+    req = PodRequest(
+        role="stage",
+        package="tuning",
+        stage="apply",
+        version=d.version,
+        attempt=1,
+        desired=d,
+        name="seg",
+        cycle="2026-01-01T00:00:00+00:00",
+        stages=("apply", "config"),
+    )
+    pod = podspec.stage_pod(
+        req,
+        cr=cr,
+        node="n-1",
+        node_annotations={},
+        settings=podspec.PodSettings(namespace="nw", agent_image="a:1"),
+        node_metadata="{}",
+    )
+    pod["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    names = ["apply", "apply-check", "config", "config-check"]
+    states: list[dict[str, Any]] = [
+        {"terminated": {"exitCode": c, "finishedAt": f"2026-01-01T00:00:0{i + 1}Z"}}
+        for i, c in enumerate(codes)
+    ]
+    states += [{"running": {}}] + [{"waiting": {}}] * (3 - len(codes))
+    named = [{"name": n, "state": st} for n, st in zip(names, states, strict=False)]
+    pod["status"] = {
+        "phase": "Pending",
+        "initContainerStatuses": named[:3],
+        "containerStatuses": named[3:],
+    }
+    return pod
+
+
+def test_package_logs_show_each_stage_and_check_of_a_pod_once_it_started() -> None:
+    pod = _segment_pod(0, 0)
+    shown = [(v.role, v.stage, v.phase) for v in package_cmd.log_pods([pod], "n-1")]
+    assert shown == [
+        ("stage", "apply", "Succeeded"),
+        ("check", "apply", "Succeeded"),
+        ("stage", "config", "Running"),
+    ]
+    assert [package_cmd.log_container(v, [pod]) for v in package_cmd.log_pods([pod], "n-1")] == [
+        "apply",
+        "apply-check",
+        "config",
+    ]
+    only = package_cmd.log_pods([pod], "n-1", "config")
+    assert [(v.role, v.stage) for v in only] == [("stage", "config")], "--stage config"
 
 
 def test_log_pods_are_the_nodes_oldest_first() -> None:

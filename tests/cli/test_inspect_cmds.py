@@ -224,7 +224,7 @@ async def test_package_logs_name_each_pod_whose_log_cannot_be_fetched(
         "attempt 1, Running <==",
     ]
     errors = got.err.splitlines()
-    for container in ("agent", "check"):
+    for container in ("apply", "apply-check"):
         assert any(
             e.startswith(
                 f"nodewright: cannot fetch the log of pod {stage} ({container}): the API server "
@@ -233,8 +233,8 @@ async def test_package_logs_name_each_pod_whose_log_cannot_be_fetched(
             for e in errors
         ), got.err
     assert errors[-1] == (
-        f"nodewright: the logs of 2 of 2 containers could not be fetched: {stage} (agent), "
-        f"{stage} (check)"
+        f"nodewright: the logs of 2 of 2 containers could not be fetched: {stage} (apply), "
+        f"{stage} (apply-check)"
     )
 
 

@@ -39,7 +39,7 @@ PACKAGES = {"tuning": {"version": "1.0.0", "image": "registry.example/tuning"}}
 
 def _config(namespace: str, log: Path) -> list[dict[str, object]]:
     """A kwok that answers for its nodes' kubelet: their address and port, running pods, and
-    the container ``agent``'s log from ``log``."""
+    the container ``apply``'s log from ``log``."""
     node_status = """
       {{ $now := Now }}
       conditions:
@@ -69,6 +69,14 @@ def _config(namespace: str, log: Path) -> list[dict[str, object]]:
         image: {{ .image | Quote }}
         ready: true
         started: true
+        restartCount: 0
+        state: {running: {startedAt: {{ $now | Quote }}}}
+      {{ end }}
+      initContainerStatuses:
+      {{ range .spec.initContainers }}
+      - name: {{ .name | Quote }}
+        image: {{ .image | Quote }}
+        ready: false
         restartCount: 0
         state: {running: {startedAt: {{ $now | Quote }}}}
       {{ end }}
@@ -122,7 +130,7 @@ def _config(namespace: str, log: Path) -> list[dict[str, object]]:
             "metadata": {"name": "agent-log"},
             "spec": {
                 "selector": {"matchNamespaces": [namespace]},
-                "logs": [{"containers": ["agent"], "logsFile": str(log), "follow": True}],
+                "logs": [{"containers": ["apply"], "logsFile": str(log), "follow": True}],
             },
         },
     ]
@@ -223,7 +231,9 @@ async def test_follow_prints_a_running_pods_log_lines_as_they_are_written(
         body = podspec.stage_pod(
             req, cr=cr, node=node, node_annotations={}, settings=settings, node_metadata="{}"
         )
-        assert body["spec"]["containers"][0]["name"] == "check"
+        # The stage runs in the init container named after it, its check after it.
+        assert body["spec"]["initContainers"][0]["name"] == "apply"
+        assert body["spec"]["containers"][0]["name"] == "apply-check"
         await kapi.create(path_of(plural="pods", namespace=namespace), body)
 
         async def running() -> bool:

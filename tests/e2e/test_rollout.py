@@ -426,8 +426,8 @@ async def test_two_replicas_of_every_service_give_the_same_result(
         assert max(cordons.samples) <= 4
         assert not ledger.duplicates(), "two replicas created the same pod twice"
         assert ledger.repeated() == {}, "no step run twice (a new attempt or cycle)"
-        # 16 nodes x (apply, config) stage pods (each running its check), each exactly once.
-        assert len(ledger.uids) == 16 * 2
+        # 16 nodes x one pod (apply, its check, config, its check), each exactly once.
+        assert len(ledger.uids) == 16
 
 
 async def test_the_five_services_in_one_process_give_the_same_result_with_one_watch_each(
@@ -455,7 +455,7 @@ async def test_the_five_services_in_one_process_give_the_same_result_with_one_wa
         assert max(cordons.samples) <= 3
         assert not ledger.duplicates()
         assert ledger.repeated() == {}
-        assert len(ledger.uids) == 12 * 2  # apply and config, each with its check
+        assert len(ledger.uids) == 12  # one pod: apply and config, each with its check
     requests = service_requests(services.fleet)[TOGETHER]
     # Alone, each of the five services lists and watches the nodes and the NodeWrights.
     for resource in ("nodes", "nodewrights"):

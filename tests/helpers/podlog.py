@@ -1,5 +1,6 @@
 """A record of NodeWright's pods as the API server saw them: every creation and phase change
-in one namespace, in watch (resourceVersion) order, a stage pod as its stage and its check.
+in one namespace, in watch (resourceVersion) order, a stage pod as each of its stages and
+checks.
 For asserting which stages and checks ran, in what order, on which node."""
 
 from __future__ import annotations
@@ -36,28 +37,32 @@ class PodLog:
     events: list[Seen] = field(default_factory=list)
 
     def on_change(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
-        """A stage pod is two entries (``shared.pods.parts``): its stage, created with the
-        pod, and its check, created when it starts (the stage exited 0)."""
+        """A stage pod is an entry per part (``shared.pods.parts``): its first stage,
+        created with the pod, and each later stage and check, created when it starts."""
         if new is None:
             return
         meta = new["metadata"]
         labels = meta.get("labels") or {}
-        container = (new.get("spec") or {}).get("containers", [{}])[0]
-        before = {p.role: p.phase for p in pods.parts(old)} if old is not None else {}
-        for part in pods.parts(new):
-            if part.role == "check" and part.phase == "Pending":
-                continue  # not started: the stage before it runs
-            was = before.get(part.role)
+        spec = new.get("spec") or {}
+        containers = {
+            c["name"]: c for c in [*(spec.get("initContainers") or []), *spec["containers"]]
+        }
+        before = {(p.role, p.stage): p.phase for p in pods.parts(old)} if old is not None else {}
+        for i, part in enumerate(pods.parts(new)):
+            if i > 0 and part.phase == "Pending":
+                continue  # not started: a part before it runs
+            was = before.get((part.role, part.stage or labels.get(pods.LABEL_STAGE, "")))
             if was == part.phase:
                 continue  # only creations and phase changes matter here
-            started = was is None or (part.role == "check" and was == "Pending")
+            started = was is None or (i > 0 and was == "Pending")
+            container = containers.get(part.container) or spec["containers"][0]
             self.events.append(
                 Seen(
                     name=meta["name"],
-                    node=str(new["spec"].get("nodeName", "")),
+                    node=str(spec.get("nodeName", "")),
                     role=part.role,
                     package=labels.get(pods.LABEL_PACKAGE, ""),
-                    stage=labels.get(pods.LABEL_STAGE, ""),
+                    stage=part.stage or labels.get(pods.LABEL_STAGE, ""),
                     phase=part.phase,
                     env={e["name"]: str(e.get("value", "")) for e in container.get("env") or []},
                     added=started,

@@ -352,7 +352,7 @@ async def test_what_a_pod_says_goes_out_before_the_write_and_its_pod_stays_until
         delete=(ref,),
         settled=frozenset({"apply"}),
         events=(started,),
-        announce={"apply": said},
+        announce={"apply": (said,)},
     )
     later = T0 + timedelta(hours=1)
     again = await nodeshell.apply(
@@ -592,7 +592,7 @@ async def test_old_announcements_stored_in_another_order_are_looked_up_one_by_on
         owner=nodestate.EXECUTOR,
         cr=CR,
         node="n1",
-        announce={"a": first_end, "b": second_end},
+        announce={"a": (first_end,), "b": (second_end,)},
     )
     port = nodeshell.BusEvents(stream, now=lambda: T0)
     await nodeshell.apply(decision, nodes=_nodes(), objects=FakeObjects(), bus=port)
@@ -614,7 +614,7 @@ async def test_a_pod_with_nothing_to_say_is_deleted_while_another_ones_event_wai
         fence=True,
         delete=(said_ref, hung_ref),
         settled=frozenset({"apply", "hung"}),
-        announce={"apply": _event(1)},
+        announce={"apply": (_event(1),)},
     )
     later = T0 + timedelta(hours=1)
     again = await nodeshell.apply(

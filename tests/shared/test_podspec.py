@@ -4,6 +4,7 @@ runtime cannot create is judged (``shared.pods.start_failure``)."""
 
 from __future__ import annotations
 
+import itertools
 from datetime import timedelta
 from typing import Any
 
@@ -20,6 +21,7 @@ def _stage_pod(
     settings: podspec.PodSettings,
     node_order: int | None = None,
     node_annotations: dict[str, str] | None = None,
+    stages: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     cr = nodewright()
     (d,) = progress.desired(cr).values()
@@ -32,6 +34,7 @@ def _stage_pod(
         desired=d,
         name="p",
         node_order=node_order,
+        stages=stages,
     )
     return podspec.stage_pod(
         req,
@@ -69,7 +72,7 @@ def test_copy_staging_copies_the_image_files_with_the_agents_busybox_no_shell_ne
     assert "image" not in vols["package"]
     assert vols["package"]["emptyDir"] == {}
     tools, package, stage = pod["spec"]["initContainers"]
-    assert (stage["name"], stage["args"]) == (pods.STAGE_CONTAINER, ["apply"])
+    assert (stage["name"], stage["args"]) == ("apply", ["apply"])
     assert tools["image"] == AGENT
     assert tools["command"][0] == podspec.AGENT_BUSYBOX
     # The package image's container runs the busybox the first init container staged.
@@ -161,37 +164,48 @@ def test_view_sees_whether_a_pod_mounts_an_image_volume() -> None:
 
 
 @pytest.mark.parametrize(("order", "env"), [(0, "0"), (3, "3"), (None, None)])
-def test_a_stage_pod_runs_the_stage_then_its_check_with_the_same_environment(
+def test_a_stage_pod_runs_its_segment_each_stage_then_its_check_with_the_same_environment(
     order: int | None, env: str | None
 ) -> None:
-    """Issue 15: one pod per stage. The kubelet runs the check container only once the stage
-    (the last init container) exited 0; both see the same package, config and node order."""
-    pod = _stage_pod(podspec.PodSettings(namespace="nw", agent_image=AGENT), node_order=order)
-    (stage,) = pod["spec"]["initContainers"]
-    (check,) = pod["spec"]["containers"]
-    assert (stage["name"], stage["args"]) == ("agent", ["apply"])
-    assert (check["name"], check["args"]) == ("check", ["apply-check"])
-    assert stage["env"] == check["env"]
-    assert stage["volumeMounts"] == check["volumeMounts"]
-    assert check["securityContext"] == {"privileged": True}
-    values = {e["name"]: e.get("value") for e in check["env"]}
+    """Issue 15: one pod per segment of a cycle. The kubelet runs each container only once
+    the one before it (an init container) exited 0: apply, its check, config, its check.
+    All see the same package, config and node order; the pod says what it runs."""
+    pod = _stage_pod(
+        podspec.PodSettings(namespace="nw", agent_image=AGENT),
+        node_order=order,
+        stages=("apply", "config"),
+    )
+    inits = pod["spec"]["initContainers"]
+    (last,) = pod["spec"]["containers"]
+    runs = [(c["name"], c["args"]) for c in [*inits, last]]
+    assert runs == [
+        ("apply", ["apply"]),
+        ("apply-check", ["apply-check"]),
+        ("config", ["config"]),
+        ("config-check", ["config-check"]),
+    ]
+    assert all(c["env"] == last["env"] for c in inits)
+    assert all(c["volumeMounts"] == last["volumeMounts"] for c in inits)
+    assert last["securityContext"] == {"privileged": True}
+    values = {e["name"]: e.get("value") for e in last["env"]}
     assert values.get("NODEWRIGHT_NODE_ORDER") == env
     assert pod["metadata"]["labels"][pods.LABEL_ROLE] == "stage"
+    assert pod["metadata"]["annotations"][pods.ANN_STAGES] == "apply,config"
 
 
 def _status(init: dict[str, Any], main: dict[str, Any], phase: str) -> dict[str, Any]:
     return {
         "phase": phase,
-        "initContainerStatuses": [{"name": "agent", "state": init}],
-        "containerStatuses": [{"name": "check", "state": main}],
+        "initContainerStatuses": [{"name": "apply", "state": init}],
+        "containerStatuses": [{"name": "apply-check", "state": main}],
     }
 
 
 _T1 = "2026-01-01T00:00:05Z"
 
 
-def _exited(code: int, message: str = "") -> dict[str, Any]:
-    return {"terminated": {"exitCode": code, "message": message, "finishedAt": _T1}}
+def _exited(code: int, message: str = "", at: str = _T1) -> dict[str, Any]:
+    return {"terminated": {"exitCode": code, "message": message, "finishedAt": at}}
 
 
 _RUNNING = {"running": {"startedAt": _T1}}
@@ -201,7 +215,7 @@ _INITIALIZING = {"waiting": {"reason": "PodInitializing"}}
 @pytest.mark.parametrize(
     ("init", "main", "phase", "stage", "check"),
     [
-        pytest.param(_RUNNING, _INITIALIZING, "Pending", "Pending", "Pending", id="stage-runs"),
+        pytest.param(_RUNNING, _INITIALIZING, "Pending", "Running", "Pending", id="stage-runs"),
         pytest.param(_exited(0), _RUNNING, "Running", "Succeeded", "Running", id="check-runs"),
         pytest.param(_exited(0), _exited(0), "Succeeded", "Succeeded", "Succeeded", id="passed"),
         pytest.param(_exited(0), _exited(2), "Failed", "Succeeded", "Failed", id="check-failed"),
@@ -219,11 +233,103 @@ def test_a_stage_pod_reads_as_its_stage_and_its_check(
     assert (got_stage.role, got_stage.phase) == ("stage", stage)
     assert (got_check.role, got_check.phase) == ("check", check)
     assert got_stage.key == got_check.key, "one pod, one attempt of one stage"
+    assert (got_stage.container, got_check.container, got_check.then) == (
+        "apply",
+        "apply-check",
+        "",
+    )
     if stage == "Succeeded":
         assert got_stage.exit_code == 0
         # The check's clock starts when the stage ended.
         assert got_stage.created is not None
         assert got_check.created == got_stage.created + timedelta(seconds=5)
+
+
+def _segment_status(*states: dict[str, Any], phase: str) -> dict[str, Any]:
+    names = ["apply", "apply-check", "config", "config-check"]
+    named = [{"name": n, "state": st} for n, st in zip(names, states, strict=False)]
+    named += [{"name": n, "state": _INITIALIZING} for n in names[len(states) :]]
+    return {"phase": phase, "initContainerStatuses": named[:3], "containerStatuses": named[3:]}
+
+
+def _at(second: int) -> str:
+    return f"2026-01-01T00:00:{second:02d}Z"
+
+
+@pytest.mark.parametrize(
+    ("states", "phase", "expected"),
+    [
+        pytest.param((_RUNNING,), "Pending", ["Running"] + ["Pending"] * 3, id="apply-runs"),
+        pytest.param(
+            (_exited(0, at=_at(5)), _exited(0, at=_at(7)), _RUNNING),
+            "Pending",
+            ["Succeeded", "Succeeded", "Running", "Pending"],
+            id="config-runs",
+        ),
+        pytest.param(
+            (_exited(0, at=_at(5)), _exited(3, at=_at(7))),
+            "Failed",
+            ["Succeeded", "Failed", "Pending", "Pending"],
+            id="apply-check-failed",
+        ),
+        pytest.param(
+            (_exited(0, at=_at(5)), _exited(0, at=_at(7)), _exited(1, at=_at(9))),
+            "Failed",
+            ["Succeeded", "Succeeded", "Failed", "Pending"],
+            id="config-failed",
+        ),
+        pytest.param(
+            tuple(_exited(0, at=_at(5 + 2 * i)) for i in range(4)),
+            "Succeeded",
+            ["Succeeded"] * 4,
+            id="all-passed",
+        ),
+        pytest.param(
+            (_exited(0, at=_at(5)), _RUNNING),
+            "Failed",
+            ["Succeeded", "Failed", "Pending", "Pending"],
+            id="evicted-in-apply-check",
+        ),
+    ],
+)
+def test_a_segment_pod_reads_as_each_stage_and_check_in_turn(
+    states: tuple[dict[str, Any], ...], phase: str, expected: list[str]
+) -> None:
+    """Each part starts when the one before it ended; a part after one that did not exit 0
+    is pending whatever the runtime says (kwok marks every init container but a failing
+    one as exited)."""
+    pod = _stage_pod(
+        podspec.PodSettings(namespace="nw", agent_image=AGENT), stages=("apply", "config")
+    )
+    pod["metadata"]["creationTimestamp"] = _at(0)
+    pod["status"] = _segment_status(*states, phase=phase)
+    got = pods.parts(pod)
+    assert [(p.role, p.stage, p.then) for p in got] == [
+        ("stage", "apply", "config"),
+        ("check", "apply", "config"),
+        ("stage", "config", ""),
+        ("check", "config", ""),
+    ]
+    assert [p.phase for p in got] == expected
+    assert {p.key[3] for p in got} == {1}, "every part is the pod's attempt"
+    reached = [p for p in got if p.created is not None]
+    passed = len(list(itertools.takewhile(lambda x: x == "Succeeded", expected)))
+    assert len(reached) == min(4, passed + 1)
+    for before, after in itertools.pairwise(reached):
+        assert after.created == before.ended, "a part's clock starts at the end of the one before"
+
+
+def test_a_stage_after_a_failed_one_is_pending_though_kwok_says_it_exited() -> None:
+    pod = _stage_pod(
+        podspec.PodSettings(namespace="nw", agent_image=AGENT), stages=("apply", "config")
+    )
+    pod["status"] = _segment_status(
+        _exited(0), _exited(2, "vm.swappiness is 60"), _exited(0), _exited(0), phase="Failed"
+    )
+    _apply, check, config, config_check = pods.parts(pod)
+    assert (check.phase, check.exit_code, check.message) == ("Failed", 2, "vm.swappiness is 60")
+    assert (config.phase, config.exit_code, config.created) == ("Pending", None, None)
+    assert config_check.phase == "Pending"
 
 
 def test_a_failed_stage_and_a_failed_check_each_say_their_own_exit() -> None:
@@ -236,6 +342,23 @@ def test_a_failed_stage_and_a_failed_check_each_say_their_own_exit() -> None:
     stage, check = pods.parts(pod)
     assert (stage.exit_code, stage.message) == (0, "")
     assert (check.exit_code, check.message) == (2, "vm.swappiness is 60")
+
+
+def test_a_stage_pod_of_an_earlier_version_reads_as_before() -> None:
+    """A pod made before segments (init container ``agent``, container ``check``, no
+    stages annotation) is still read as its stage and its check."""
+    pod = _stage_pod(podspec.PodSettings(namespace="nw", agent_image=AGENT))
+    del pod["metadata"]["annotations"][pods.ANN_STAGES]
+    pod["spec"]["initContainers"][0]["name"] = "agent"
+    pod["spec"]["containers"][0]["name"] = "check"
+    pod["status"] = {
+        "phase": "Running",
+        "initContainerStatuses": [{"name": "agent", "state": _exited(0)}],
+        "containerStatuses": [{"name": "check", "state": _RUNNING}],
+    }
+    stage, check = pods.parts(pod)
+    assert (stage.phase, check.phase) == ("Succeeded", "Running")
+    assert (stage.container, check.container, stage.then) == ("agent", "check", "")
 
 
 def test_an_interrupt_pod_reads_as_one_view() -> None:
@@ -256,7 +379,7 @@ def test_an_interrupt_pod_reads_as_one_view() -> None:
             "nvidia-tuned/apply",
             {
                 "sim.nodewright.nvidia.com/fail-after": "2s",
-                "sim.nodewright.nvidia.com/fail-init": "agent",
+                "sim.nodewright.nvidia.com/fail-init": "apply",
             },
             id="the-stage-fails",
         ),

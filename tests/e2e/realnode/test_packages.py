@@ -369,10 +369,16 @@ async def test_copy_staging_runs_the_package_without_image_volumes(
     await manifests.apply(kapi, _cr("copy", _sysctl("1.0.0", SYSCTL_A)))
     await eventually(stage_pod, what="a stage pod")
     spec = seen[0]["spec"]
-    # The package's files are copied first, then the stage runs; its check is the pod's
-    # main container.
-    assert [c["name"] for c in spec["initContainers"]] == ["stage-tools", "stage-package", "agent"]
-    assert [c["name"] for c in spec["containers"]] == ["check"]
+    # The package's files are copied first, then apply, its check and config run; config's
+    # check is the pod's main container.
+    assert [c["name"] for c in spec["initContainers"]] == [
+        "stage-tools",
+        "stage-package",
+        "apply",
+        "apply-check",
+        "config",
+    ]
+    assert [c["name"] for c in spec["containers"]] == ["config-check"]
     assert not any("image" in v for v in spec["volumes"])
     await _wait_ready(kapi, "copy", "the example installed by copy staging")
     assert _live(real_node, "vm.swappiness") == "10"
