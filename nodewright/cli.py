@@ -518,7 +518,11 @@ def node_status(
     from nodewright import node_cmd
 
     node_cmd.run_verb(
-        _target(ctx, kubeconfig, context), "status", node=node_name, nodewright=nodewright
+        _target(ctx, kubeconfig, context),
+        "status",
+        node=node_name,
+        nodewright=nodewright,
+        namespace=_namespace(ctx),
     )
 
 

@@ -30,9 +30,10 @@ import msgspec
 
 from nodewright import output
 from nodewright.connecting import CommandError, Target, run
-from shared import api, nodestate, progress
+from shared import api, nodestate, pods, progress
 from shared.kube import ApiError, Kube, path_of
 from shared.nodestate import Request, RequestAction
+from shared.records.executor import PackageRecord
 from shared.records.status import Reported, find_condition, reported, reported_crs
 
 __all__ = ["CommandError", "DryRun"]
@@ -228,8 +229,28 @@ def _reason(reason: Any) -> str:
     return f"{reason.code}: {reason.message}" if reason is not None else "-"
 
 
-def describe(v: CrView, node: dict[str, Any]) -> list[str]:
-    """The lines ``node status`` prints for one NodeWright."""
+def in_pod(name: str, r: PackageRecord, parts: Sequence[pods.PodView]) -> str:
+    """What the pod of package ``name``'s running record ``r`` does past the record's stage
+    (a stage pod runs the stages that follow one another, and their ends are not written:
+    ``shared.pods.parts``), e.g. ``; in pod P: config running``; "" when it is at the
+    record's stage (or there is no such pod)."""
+    if r.state != "running":
+        return ""
+    key = (name, r.stage, r.version, r.attempt, progress.cycle_of(r))
+    first = next((p for p in parts if p.role == "stage" and p.key == key), None)
+    if first is None:
+        return ""
+    reached = [p for p in parts if p.name == first.name and p.created is not None]
+    last = reached[-1] if reached else first
+    if last is first:
+        return ""
+    what = f"{last.stage}-check" if last.role == "check" else last.stage
+    return f"; in pod {first.name}: {what} {last.phase.lower()}"
+
+
+def describe(v: CrView, node: dict[str, Any], parts: Sequence[pods.PodView] = ()) -> list[str]:
+    """The lines ``node status`` prints for one NodeWright (``parts``: the parts of the
+    NodeWright pods on the node, :func:`shared.pods.parts`)."""
     f = v.facts
     lines = [f"NodeWright {v.name}" + ("" if v.cr is not None else " (the NodeWright is gone)")]
     if v.status is not None:
@@ -267,6 +288,7 @@ def describe(v: CrView, node: dict[str, Any]) -> list[str]:
             f"  package {name}: version {r.version}, stage {r.stage} {r.state} "
             f"(attempt {r.attempt}), installed {installed}"
             + (f"; {_reason(r.reason)}" if r.reason is not None else "")
+            + in_pod(name, r, [p for p in parts if p.cr == v.name])
         )
     for key, c in sorted(f.validator.checks.items()):
         if c.verdict != "passed":
@@ -451,7 +473,21 @@ def _say(text: str) -> None:
     output.say(text)
 
 
-async def status(client: Kube, node_name: str, only: str) -> None:
+async def _pod_parts(client: Kube, node_name: str, namespace: str) -> list[pods.PodView]:
+    """The parts of the NodeWright stage pods on the node; none when they cannot be read
+    (``node status`` says what the node's records say without them)."""
+    try:
+        listed = await client.get(
+            path_of(plural="pods", namespace=namespace),
+            labelSelector=pods.selector("stage"),
+            fieldSelector=f"spec.nodeName={node_name}",
+        )
+    except ApiError:
+        return []
+    return [p for pod in listed.get("items") or [] for p in pods.parts(pod)]
+
+
+async def status(client: Kube, node_name: str, only: str, namespace: str = "") -> None:
     node = await get_node(client, node_name)
     spec = node.get("spec") or {}
     labels = (node.get("metadata") or {}).get("labels") or {}
@@ -465,11 +501,12 @@ async def status(client: Kube, node_name: str, only: str) -> None:
         _say("No NodeWright has state on this node.")
         return
     holders = []
+    parts = await _pod_parts(client, node_name, namespace) if namespace else []
     for name in crs:
         v = view(node, name, await get_nodewright(client, name))
         if v.facts.drain is not None and v.facts.drain.cordoned:
             holders.append(name)
-        for line in describe(v, node):
+        for line in describe(v, node, parts):
             _say(line)
     if spec.get("unschedulable"):
         drains = [progress.facts(node, n).drain for n in crs]
@@ -584,13 +621,14 @@ def run_verb(
     nodewright: str = "",
     fmt: output.Format = "table",
     dry_run: DryRun = "none",
+    namespace: str = "",
 ) -> None:
     """Run ``node VERB``; CommandError says what went wrong."""
 
     async def command(client: Kube) -> None:
         match verb:
             case "status":
-                await status(client, node, nodewright)
+                await status(client, node, nodewright, namespace)
             case "list":
                 await list_nodes(client, nodewright, fmt)
             case "retry":

@@ -5,6 +5,7 @@ and Node objects in, exact lines out. The same commands run against the API serv
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -450,6 +451,35 @@ def test_package_logs_show_each_stage_and_check_of_a_pod_once_it_started() -> No
     ]
     only = package_cmd.log_pods([pod], "n-1", "config")
     assert [(v.role, v.stage) for v in only] == [("stage", "config")], "--stage config"
+
+
+@pytest.mark.parametrize(
+    ("codes", "said"),
+    [
+        pytest.param((), "", id="apply-runs-as-recorded"),
+        pytest.param((0,), "; in pod seg: apply-check running", id="apply-check-runs"),
+        pytest.param((0, 0), "; in pod seg: config running", id="config-runs"),
+        pytest.param((0, 0, 4), "; in pod seg: config failed", id="config-failed"),
+    ],
+)
+def test_node_status_says_what_a_pod_runs_past_the_recorded_stage(
+    codes: tuple[int, ...], said: str
+) -> None:
+    """A pod runs apply, its check, config and its check, and only the first start is
+    written: node status reads the rest from the pod."""
+    r = msgspec.structs.replace(
+        _pkg("apply", "running"), cycle_started=datetime(2026, 1, 1, tzinfo=UTC)
+    )
+    obj = node("n-1", records={nodestate.EXECUTOR: ExecutorRecord(packages={"tuning": r})})
+    cr = _cr()
+    pod = _segment_pod(*codes)
+    pod["metadata"]["labels"][pods.LABEL_CR] = cr.metadata.name
+    parts = pods.parts(pod)
+    lines = node_cmd.describe(node_cmd.view(obj, cr.metadata.name, cr), obj, parts)
+    (line,) = [x for x in lines if x.startswith("  package tuning:")]
+    assert line == (
+        "  package tuning: version 1.0.0, stage apply running (attempt 1), installed nothing" + said
+    )
 
 
 def test_log_pods_are_the_nodes_oldest_first() -> None:
