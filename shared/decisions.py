@@ -163,6 +163,9 @@ class Work:
     keep: set[str] = field(default_factory=set)
     out: events.Emitter = field(init=False)
     requeue: float | None = None
+    said: dict[str, dict[str, events.Event]] = field(default_factory=dict)
+    """By pod name and event id, what the pass says from each pod, in the order said
+    (:meth:`say`, :attr:`NodeDecision.announce`)."""
 
     def __post_init__(self) -> None:
         self.out = events.Emitter(
@@ -176,6 +179,14 @@ class Work:
     def later(self, seconds: float) -> None:
         """Look again within ``seconds`` (the soonest of every such wish)."""
         self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
+
+    def say(self, pod: str, event: events.Event) -> None:
+        """Publish ``event`` from ``pod``, without a write (once per id)."""
+        self.said.setdefault(pod, {})[event.id] = event
+
+    def announcements(self) -> dict[str, tuple[events.Event, ...]]:
+        """What :meth:`say` collected, as :attr:`NodeDecision.announce` takes it."""
+        return {pod: tuple(by_id.values()) for pod, by_id in self.said.items() if by_id}
 
     def start(self, req: PodRequest) -> None:
         """Create ``req``'s pod (and keep it)."""

@@ -104,8 +104,6 @@ class _Work(Work):
 
     packages: dict[str, PackageRecord]
     interrupt: InterruptRecord | None
-    announce: dict[str, dict[str, events.Event]] = field(default_factory=dict)
-    """By pod name and event id, in the order said (:attr:`Decision.announce`)."""
     parts: dict[str, list[PodView]] = field(default_factory=dict)
     """By pod name, the stage parts of each pod on the node, in the order they run."""
 
@@ -376,10 +374,6 @@ def _no_pod(w: _Work, d: Desired, r: PackageRecord) -> Reason:
     )
 
 
-def _say(w: _Work, pod: str, event: events.Event) -> None:
-    w.announce.setdefault(pod, {})[event.id] = event
-
-
 def _announce(w: _Work, pod: str) -> None:
     """What ``pod`` says of its stages, as it says it: ``stage.started`` of each stage after
     the first that started (the first's start is recorded, with its event, by the write that
@@ -393,11 +387,10 @@ def _announce(w: _Work, pod: str) -> None:
             return  # a pod without checks is recorded by writes; a stage not reached
         facts = (part.package, part.version, part.stage, part.attempt)
         if i > 0 and part.created is not None:
-            _say(w, pod, _started(w, *facts, part.name, part.created))
+            w.say(pod, _started(w, *facts, part.name, part.created))
         if part.phase != "Succeeded":
             return
-        _say(
-            w,
+        w.say(
             pod,
             w.out.make(
                 events.StageSucceeded,
@@ -1020,6 +1013,6 @@ def decide(
         delete=delete,
         settled=settled,
         publish=tuple(w.out.events),
-        announce={pod: tuple(said.values()) for pod, said in w.announce.items() if said},
+        announce=w.announcements(),
         requeue_after=w.requeue,
     )

@@ -113,8 +113,6 @@ class _Work(Work):
     """The validator's pass: the check verdicts as they change."""
 
     checks: dict[str, CheckRecord]
-    announce: dict[str, dict[str, events.Event]] = field(default_factory=dict)
-    """By pod name and event id (:attr:`Decision.announce`)."""
 
 
 POD_GONE_GRACE_S: Final = 30.0
@@ -298,7 +296,7 @@ def _validated(w: _Work, pod: PodView) -> events.Event:
         version=pod.version,
         stage=pod.stage,
     )
-    w.announce.setdefault(pod.name, {})[event.id] = event
+    w.say(pod.name, event)
     return event
 
 
@@ -523,5 +521,5 @@ def decide(
         add_readiness_taint=taint,
         boot_id=node.boot_id if taint else "",
         requeue_after=w.requeue,
-        announce={pod: tuple(said.values()) for pod, said in w.announce.items()},
+        announce=w.announcements(),
     )
