@@ -1,9 +1,10 @@
 """The webhook's certificates: issuing a self-signed CA and serving certificate, and reading
 what a PEM chain says (when it expires, which hosts it names), with ``cryptography``.
 
-Imported only where a certificate is made or a chain nobody described is read
-(:mod:`services.validator.webhook`): ``cryptography`` adds about 9 MB to a process, and a
-validator that finds its Secret described (:class:`CertFacts`) never needs it (issue 15).
+The validator never imports it: ``cryptography`` adds about 10 MB to a process for good,
+so the validator runs this module as a short-lived child (``python -m
+services.validator.pki``, :func:`main`: one :class:`~services.validator.certs.Request` as
+JSON on stdin, the bundle or facts as JSON on stdout; :mod:`services.validator.certs`).
 Keeping the chain in a Secret, serving it and registering the webhook are not this
 module's job.
 """
@@ -11,15 +12,17 @@ module's job.
 from __future__ import annotations
 
 import ipaddress
+import sys
 from datetime import datetime, timedelta
 from typing import Final
 
+import msgspec
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from services.validator.certs import CertBundle, CertFacts, digest
+from services.validator.certs import CertBundle, CertFacts, IssueRequest, Request, digest
 
 _CA_VALIDITY: Final = timedelta(days=3650)
 # Clocks of the API server and the webhook may disagree a little.
@@ -134,3 +137,28 @@ def issue(
         key=bundle.key,
         facts=facts_of(bundle),
     )
+
+
+def main() -> int:
+    """Answer the one request on stdin (see the module's docstring)."""
+    try:
+        request = msgspec.json.decode(sys.stdin.buffer.read(), type=Request)
+    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
+        print(f"bad certificate request on stdin: {exc}", file=sys.stderr)
+        return 2
+    answer: CertBundle | CertFacts
+    if isinstance(request, IssueRequest):
+        answer = issue(
+            request.hosts,
+            now=request.now,
+            validity=timedelta(seconds=request.validity_s),
+            ca=request.ca,
+        )
+    else:
+        answer = facts_of(request.bundle)
+    sys.stdout.buffer.write(msgspec.json.encode(answer))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

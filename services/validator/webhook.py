@@ -1,9 +1,10 @@
 """The validating admission webhook for NodeWright and DeploymentPolicy: TLS, certificates, wiring.
 
 :func:`serve_webhook` serves AdmissionReview v1 over HTTPS with aiohttp and keeps itself
-reachable: it owns a self-signed CA and serving certificate (made by ``pki``, kept in a
-Secret with what they say, ``certs.CertFacts``, so every replica serves the same chain, the
-caBundle survives restarts and no replica parses X.509 to know when to renew), writes the
+reachable: it owns a self-signed CA and serving certificate (made by ``pki`` in a child
+process, ``certs.issue``; kept in a Secret with what they say, ``certs.CertFacts``, so every
+replica serves the same chain, the caBundle survives restarts and no replica parses X.509
+to know when to renew), writes the
 caBundle and rules into the ValidatingWebhookConfiguration it owns (failurePolicy Fail, a
 short timeout), renews the serving certificate before it expires and re-asserts the
 configuration periodically, so a chart upgrade that blanks the caBundle heals itself.
@@ -33,8 +34,8 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from services.validator import admission
-from services.validator.certs import CertBundle, CertFacts
+from services.validator import admission, certs
+from services.validator.certs import CertBundle, CertFacts, digest
 from shared import api
 from shared.kube import ApiError, Kube, path_of
 
@@ -111,17 +112,16 @@ def _needs_new(bundle: CertBundle | None, settings: WebhookSettings, now: dateti
     return now >= due or not bundle.covers(hosts_for(settings))
 
 
-def _renewed(bundle: CertBundle | None, settings: WebhookSettings, now: datetime) -> CertBundle:
-    # Only here is a certificate made: cryptography is loaded for it (services.validator.pki).
-    from services.validator import pki
-
+async def _renewed(
+    bundle: CertBundle | None, settings: WebhookSettings, now: datetime
+) -> CertBundle:
     ca = bundle
     if ca is not None:
         ca_expires = ca.described().ca_expires
         if now >= ca_expires - timedelta(days=settings.renew_before_days):
             # A new CA changes the caBundle; rare (the CA lives 10 years), and self-healing.
             ca = None
-    return pki.issue(
+    return await certs.issue(
         hosts_for(settings),
         now=now,
         validity=timedelta(days=settings.cert_validity_days),
@@ -542,13 +542,25 @@ class Webhook:
 async def _current_bundle(
     store: _SecretStore | None, held: CertBundle | None, settings: WebhookSettings, now: datetime
 ) -> CertBundle:
-    bundle = await store.load() if store is not None else held
+    bundle = await _described(await store.load() if store is not None else held, held)
     if _needs_new(bundle, settings, now):
-        fresh = _renewed(bundle, settings, now)
-        bundle = await store.save(fresh) if store is not None else fresh
+        fresh = await _renewed(bundle, settings, now)
+        # Another replica's chain when it stored one first.
+        bundle = await _described(await store.save(fresh) if store is not None else fresh, held)
+        assert bundle is not None
         _log.info("Issued webhook serving certificate", extra={"expires": str(bundle.expires())})
     assert bundle is not None
     return bundle
+
+
+async def _described(bundle: CertBundle | None, held: CertBundle | None) -> CertBundle | None:
+    """``bundle`` with its facts: a chain an older validator or a hand edit stored without
+    them is read in a child process, once per chain (the one served keeps them)."""
+    if bundle is None or bundle.is_described():
+        return bundle
+    if held is not None and held.is_described() and digest(held) == digest(bundle):
+        return msgspec.structs.replace(bundle, facts=held.facts)
+    return await certs.describe(bundle)
 
 
 async def _answered(call: Callable[[], Awaitable[_T]]) -> _T:

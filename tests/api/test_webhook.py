@@ -23,8 +23,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from services.validator import pki, webhook
-from services.validator.certs import CertBundle, CertFacts
+from services.validator import certs, pki, webhook
 from shared import api
 from shared.kube import ApiError
 from tests.api.test_models import EXAMPLE
@@ -46,43 +45,84 @@ def test_the_serving_certificate_is_signed_by_the_ca_and_names_the_hosts() -> No
     assert isinstance(key, ec.EllipticCurvePublicKey)
 
 
-def test_an_issued_bundle_is_described_and_facts_about_other_certificates_are_not_believed() -> (
-    None
-):
-    bundle = pki.issue(("127.0.0.1", "svc.ns.svc"), now=NOW, validity=timedelta(days=30))
-    assert bundle.facts is not None
+async def test_an_issued_bundle_is_described_and_facts_of_other_chains_are_not_believed() -> None:
+    bundle = await certs.issue(("127.0.0.1", "svc.ns.svc"), now=NOW, validity=timedelta(days=30))
+    assert bundle.is_described()
     assert bundle.facts == pki.facts_of(bundle)
+    assert bundle.facts is not None
     assert bundle.facts.hosts == ("svc.ns.svc", "127.0.0.1")
     assert bundle.facts.ca_expires == NOW + timedelta(days=3650)
-    # Facts written for another chain (a hand-edited Secret): read from the certificates.
+    # Facts written for another chain (a hand-edited Secret) are not believed: the bundle
+    # must be described again, from its own certificates.
     other = pki.issue(("elsewhere",), now=NOW, validity=timedelta(days=1))
     lying = msgspec.structs.replace(bundle, facts=other.facts)
-    assert lying.described() == bundle.facts
-    assert lying.covers(("svc.ns.svc",))
-    assert lying.expires() == NOW + timedelta(days=30)
+    assert not lying.is_described()
+    with pytest.raises(ValueError, match="describe it first"):
+        lying.covers(("svc.ns.svc",))
+    told = await certs.describe(lying)
+    assert told.described() == bundle.facts
+    assert told.covers(("svc.ns.svc",))
+    assert told.expires() == NOW + timedelta(days=30)
+    assert await certs.describe(told) is told, "a described bundle needs no child process"
 
 
-def test_a_described_bundle_is_judged_without_loading_cryptography(tmp_path: Path) -> None:
-    """Issue 15: ``cryptography`` adds about 9 MB to the validator; a replica that loads a
-    described chain from its Secret never imports it, nor does importing the service."""
+def test_the_validator_issues_and_judges_certificates_without_loading_cryptography(
+    tmp_path: Path,
+) -> None:
+    """Issue 15: ``cryptography`` adds about 10 MB to a process for good. The validator makes
+    its first chain, reads an undescribed one and judges a described one with it loaded
+    only in a child process."""
     bundle = pki.issue(("svc.ns.svc",), now=NOW, validity=timedelta(days=30))
     saved = tmp_path / "bundle.json"
-    saved.write_bytes(msgspec.json.encode(bundle))
+    saved.write_bytes(msgspec.json.encode(msgspec.structs.replace(bundle, facts=None)))
     script = f"""
-import sys, msgspec
+import asyncio, sys, msgspec
+from datetime import datetime, UTC
 import services.validator.service
+from services.validator import webhook
 from services.validator.certs import CertBundle
-b = msgspec.json.decode(open({str(saved)!r}, "rb").read(), type=CertBundle)
-assert b.covers(("svc.ns.svc",)) and b.expires().year == 2030
+settings = webhook.WebhookSettings(url="https://127.0.0.1:{{port}}", cert_secret="")
+now = datetime(2030, 1, 1, tzinfo=UTC)
+fresh = asyncio.run(webhook._current_bundle(None, None, settings, now))
+assert fresh.covers(webhook.hosts_for(settings)), fresh.facts
+kept = asyncio.run(webhook._current_bundle(None, fresh, settings, now))
+assert kept is fresh, "a chain still good is kept"
+bare = msgspec.json.decode(open({str(saved)!r}, "rb").read(), type=CertBundle)
+read = asyncio.run(webhook._described(bare, None))
+assert read.covers(("svc.ns.svc",)) and read.expires().year == 2030
 loaded = sorted(m for m in sys.modules if m.split(".")[0] == "cryptography")
 assert not loaded, loaded
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    undescribed = msgspec.structs.replace(bundle, facts=None)
-    assert undescribed.described() == bundle.facts, "read from the certificates instead"
-    assert isinstance(bundle.facts, CertFacts)
-    assert isinstance(undescribed, CertBundle)
+
+
+async def test_a_served_chain_keeps_its_facts_for_the_same_chain_read_again() -> None:
+    served = pki.issue(("svc.ns.svc",), now=NOW, validity=timedelta(days=30))
+    reread = msgspec.structs.replace(served, facts=None)
+    got = await webhook._described(reread, served)
+    assert got is not None
+    assert got.facts == served.facts
+
+
+async def test_a_failing_certificate_child_is_a_one_line_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    failed = r"/bin/false -m services.validator.pki\) exited 1: no message"
+    with pytest.raises(certs.CertificateError, match=failed):
+        await certs.issue(("a",), now=NOW, validity=timedelta(days=1))
+
+
+def test_the_certificate_child_refuses_a_bad_request_naming_it() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "services.validator.pki"],
+        input=b'{"type": "issue", "hosts": 3}',
+        capture_output=True,
+    )
+    assert done.returncode == 2
+    assert b"bad certificate request on stdin" in done.stderr
+    assert b"hosts" in done.stderr
 
 
 def test_reissuing_with_a_ca_keeps_the_ca() -> None:
