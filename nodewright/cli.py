@@ -499,7 +499,11 @@ def node_list(
     from nodewright import node_cmd
 
     node_cmd.run_verb(
-        _target(ctx, kubeconfig, context), "list", nodewright=nodewright, fmt=cast(Any, fmt)
+        _target(ctx, kubeconfig, context),
+        "list",
+        nodewright=nodewright,
+        fmt=cast(Any, fmt),
+        namespace=_namespace(ctx),
     )
 
 

@@ -1,8 +1,9 @@
 """What the sandbox shows of a rollout while it runs: batches, nodes, stages, budget, time left.
 
-:func:`snapshot` reads one NodeWright and every Node (as the API server returns them) into a
-:class:`Snapshot`: the compartments with their budget and batch, the batch in flight and
-which node is in it at which stage, how many nodes wait, are complete or failed.
+:func:`snapshot` reads one NodeWright, every Node and the stage pods (as the API server
+returns them) into a :class:`Snapshot`: the compartments with their budget and batch, the
+batch in flight and which node is in it at which stage, how many nodes wait, are complete
+or failed.
 :class:`Clock` remembers when batches finished across snapshots and estimates the time
 left: the mean duration of the batches finished so far times the batches still to run
 (less the time the current one has run), or, before any batch finished, nothing.
@@ -22,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared import api, progress
+from shared import api, pods, progress
 from shared.records.status import find_condition, reported
 
 
@@ -90,13 +91,17 @@ class Snapshot:
         )
 
 
-def _stage(cr: api.NodeWright, f: progress.NodeFacts) -> str:
+def _stage(cr: api.NodeWright, f: progress.NodeFacts, parts: Sequence[pods.PodView]) -> str:
     wanted = progress.desired(cr)
     intr = f.executor.interrupt
     if intr is not None and intr.state == "running":
         return f"{intr.type} interrupt"
     for name, rec in sorted(f.executor.packages.items()):
         if name in wanted and rec.state == "running":
+            # A segment pod runs the stage's check and the stages after it unwritten.
+            now = pods.past_first(parts, progress.pod_key(name, rec))
+            if now is not None:
+                return f"{pods.said(now)} {now.phase.lower()}"
             return f"{rec.stage} running"
     for name, rec in sorted(f.executor.packages.items()):
         if name in wanted and not progress.package_done(wanted[name], rec):
@@ -108,10 +113,20 @@ def _stage(cr: api.NodeWright, f: progress.NodeFacts) -> str:
     return "admitted" if f.selection is not None else ""
 
 
-def snapshot(raw_cr: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]) -> Snapshot:
-    """The rollout of the NodeWright ``raw_cr`` over ``nodes`` (API objects) as it is now."""
+def snapshot(
+    raw_cr: Mapping[str, Any],
+    nodes: Sequence[Mapping[str, Any]],
+    stage_pods: Sequence[Mapping[str, Any]] = (),
+) -> Snapshot:
+    """The rollout of the NodeWright ``raw_cr`` over ``nodes`` (API objects) as it is now;
+    ``stage_pods`` (API objects), for what a stage pod runs past its recorded stage."""
     cr = api.from_dict(dict(raw_cr), api.NodeWright)
     name = cr.metadata.name
+    by_node: dict[str, list[pods.PodView]] = {}
+    for pod in stage_pods:
+        for p in pods.parts(pod):
+            if p.cr == name:
+                by_node.setdefault(p.node, []).append(p)
     in_flight: list[NodeLine] = []
     failed: list[NodeLine] = []
     stages: Counter[str] = Counter()
@@ -129,7 +144,7 @@ def snapshot(raw_cr: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]) -> S
             compartment=sel.compartment if sel is not None else "",
             batch=sel.batch if sel is not None else None,
             phase=record.state if record is not None and record.reason is not None else turn,
-            stage=_stage(cr, f),
+            stage=_stage(cr, f, by_node.get(f.name, ())),
             reason=(
                 f"{record.reason.code}: {record.reason.message}"
                 if record is not None and record.reason is not None

@@ -229,23 +229,20 @@ def _reason(reason: Any) -> str:
     return f"{reason.code}: {reason.message}" if reason is not None else "-"
 
 
-def in_pod(name: str, r: PackageRecord, parts: Sequence[pods.PodView]) -> str:
-    """What the pod of package ``name``'s running record ``r`` does past the record's stage
-    (a stage pod runs the stages that follow one another, and their ends are not written:
-    ``shared.pods.parts``), e.g. ``; in pod P: config running``; "" when it is at the
-    record's stage (or there is no such pod)."""
+def pod_now(name: str, r: PackageRecord, parts: Sequence[pods.PodView]) -> pods.PodView | None:
+    """The part of package ``name``'s stage pod that runs past its running record ``r``'s
+    stage (``shared.pods.past_first``); None when the record is not running, the pod is at
+    the record's stage, or there is no such pod."""
     if r.state != "running":
-        return ""
-    key = (name, r.stage, r.version, r.attempt, progress.cycle_of(r))
-    first = next((p for p in parts if p.role == "stage" and p.key == key), None)
-    if first is None:
-        return ""
-    reached = [p for p in parts if p.name == first.name and p.created is not None]
-    last = reached[-1] if reached else first
-    if last is first:
-        return ""
-    what = f"{last.stage}-check" if last.role == "check" else last.stage
-    return f"; in pod {first.name}: {what} {last.phase.lower()}"
+        return None
+    return pods.past_first(parts, progress.pod_key(name, r))
+
+
+def in_pod(name: str, r: PackageRecord, parts: Sequence[pods.PodView]) -> str:
+    """What the pod of package ``name``'s running record ``r`` does past the record's stage,
+    e.g. ``; in pod P: config running`` (:func:`pod_now`); "" when nothing more is known."""
+    now = pod_now(name, r, parts)
+    return "" if now is None else f"; in pod {now.name}: {pods.said(now)} {now.phase.lower()}"
 
 
 def describe(v: CrView, node: dict[str, Any], parts: Sequence[pods.PodView] = ()) -> list[str]:
@@ -328,13 +325,18 @@ def describe(v: CrView, node: dict[str, Any], parts: Sequence[pods.PodView] = ()
     return lines
 
 
-def package_entries(cr: api.NodeWright, f: progress.NodeFacts) -> list[dict[str, Any]]:
+def package_entries(
+    cr: api.NodeWright, f: progress.NodeFacts, parts: Sequence[pods.PodView] = ()
+) -> list[dict[str, Any]]:
     """Per package the NodeWright wants (or the executor recorded on the node): its version,
-    stage, state and attempt as the executor's record says ("pending" before the first)."""
+    stage, state and attempt as the executor's record says ("pending" before the first),
+    and ``pod``: what its stage pod runs past that stage (:func:`pod_now`; ``parts``: those
+    of the NodeWright's pods on the node), else None."""
     wanted = progress.desired(cr)
     out: list[dict[str, Any]] = []
     for name in sorted(set(wanted) | set(f.executor.packages)):
         r = f.executor.packages.get(name)
+        now = pod_now(name, r, parts) if r is not None else None
         out.append(
             {
                 "name": name,
@@ -343,17 +345,26 @@ def package_entries(cr: api.NodeWright, f: progress.NodeFacts) -> list[dict[str,
                 "state": r.state if r is not None else "pending",
                 "attempt": r.attempt if r is not None else 0,
                 "installed": r.installed if r is not None else "",
+                "pod": (
+                    {"name": now.name, "part": pods.said(now), "phase": now.phase.lower()}
+                    if now is not None
+                    else None
+                ),
             }
         )
     return out
 
 
 def package_cell(entry: Mapping[str, Any]) -> str:
-    """``name:version stage state`` (``name:version pending`` before the first stage)."""
+    """``name:version stage state`` (``name:version pending`` before the first stage); the
+    part its stage pod runs when past the recorded stage (``config running``)."""
     head = f"{entry['name']}:{entry['version']}"
     if not entry["stage"]:
         return f"{head} {entry['state']}"
     again = f" (attempt {entry['attempt']})" if entry["attempt"] > 1 else ""
+    now = entry.get("pod")
+    if now:
+        return f"{head} {now['part']} {now['phase']}{again}"
     return f"{head} {entry['stage']} {entry['state']}{again}"
 
 
@@ -384,9 +395,16 @@ def shown_turn(cr: api.NodeWright, f: progress.NodeFacts) -> str:
     return turn
 
 
-def list_rows(cr: api.NodeWright, nodes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per target node of ``cr`` (its node selector), sorted by name: pure."""
+def list_rows(
+    cr: api.NodeWright, nodes: Sequence[dict[str, Any]], parts: Sequence[pods.PodView] = ()
+) -> list[dict[str, Any]]:
+    """One row per target node of ``cr`` (its node selector), sorted by name: pure.
+    ``parts``: those of the NodeWright pods (``shared.pods.parts``), for what each runs."""
     name = cr.metadata.name
+    by_node: dict[str, list[pods.PodView]] = {}
+    for p in parts:
+        if p.cr == name:
+            by_node.setdefault(p.node, []).append(p)
     rows: list[dict[str, Any]] = []
     targets = [n for n in nodes if progress.selector_matches(cr.spec.node_selectors, _labels(n))]
     for node in sorted(targets, key=lambda n: str(n["metadata"]["name"])):
@@ -404,7 +422,7 @@ def list_rows(cr: api.NodeWright, nodes: Sequence[dict[str, Any]]) -> list[dict[
                 "batch": sel.batch if sel is not None else None,
                 "order": sel.order if sel is not None else None,
                 "cordoned": v.facts.unschedulable,
-                "packages": package_entries(cr, v.facts),
+                "packages": package_entries(cr, v.facts, by_node.get(v.facts.name, ())),
             }
         )
     return rows
@@ -473,15 +491,17 @@ def _say(text: str) -> None:
     output.say(text)
 
 
-async def _pod_parts(client: Kube, node_name: str, namespace: str) -> list[pods.PodView]:
-    """The parts of the NodeWright stage pods on the node; none when they cannot be read
-    (``node status`` says what the node's records say without them)."""
+async def pod_parts(client: Kube, namespace: str, node_name: str = "") -> list[pods.PodView]:
+    """The parts of the NodeWright stage pods in the services' ``namespace`` (on the node
+    ``node_name`` when given); none when they cannot be read (the records say what they
+    say without them)."""
+    if not namespace:
+        return []
+    query = {"labelSelector": pods.selector("stage")}
+    if node_name:
+        query["fieldSelector"] = f"spec.nodeName={node_name}"
     try:
-        listed = await client.get(
-            path_of(plural="pods", namespace=namespace),
-            labelSelector=pods.selector("stage"),
-            fieldSelector=f"spec.nodeName={node_name}",
-        )
+        listed = await client.get(path_of(plural="pods", namespace=namespace), **query)
     except ApiError:
         return []
     return [p for pod in listed.get("items") or [] for p in pods.parts(pod)]
@@ -501,7 +521,7 @@ async def status(client: Kube, node_name: str, only: str, namespace: str = "") -
         _say("No NodeWright has state on this node.")
         return
     holders = []
-    parts = await _pod_parts(client, node_name, namespace) if namespace else []
+    parts = await pod_parts(client, namespace, node_name)
     for name in crs:
         v = view(node, name, await get_nodewright(client, name))
         if v.facts.drain is not None and v.facts.drain.cordoned:
@@ -519,10 +539,12 @@ async def status(client: Kube, node_name: str, only: str, namespace: str = "") -
         )
 
 
-async def list_nodes(client: Kube, nodewright: str, fmt: output.Format) -> None:
+async def list_nodes(
+    client: Kube, nodewright: str, fmt: output.Format, namespace: str = ""
+) -> None:
     cr = await require_nodewright(client, nodewright)
     nodes = (await client.get(path_of(plural="nodes")))["items"]
-    rows = list_rows(cr, nodes)
+    rows = list_rows(cr, nodes, await pod_parts(client, namespace))
     if fmt in ("json", "yaml"):
         _say(output.document({"nodewright": nodewright, "nodes": rows}, fmt))
     else:
@@ -630,7 +652,7 @@ def run_verb(
             case "status":
                 await status(client, node, nodewright, namespace)
             case "list":
-                await list_nodes(client, nodewright, fmt)
+                await list_nodes(client, nodewright, fmt, namespace)
             case "retry":
                 await retry(client, node, nodewright, dry_run)
             case "reset":

@@ -53,6 +53,7 @@ from nodewright import liveview, manifests
 from nodewright.rig import Rig, RigError, helminstall, nodes
 from nodewright.rig.fleet import Fleet
 from nodewright.rig.realnode import NodeSpec
+from shared import pods
 from shared.config import KubeSettings
 from shared.kube import connect, path_of
 
@@ -353,7 +354,11 @@ async def _rollout(
                 rig.check_alive()
                 raw_cr = await kube.get(f"{manifests.NODEWRIGHTS}/{name}")
                 listed = await kube.get(path_of(plural="nodes"))
-                snap = liveview.snapshot(raw_cr, listed["items"])
+                stage_pods = await kube.get(
+                    path_of(plural="pods", namespace=NAMESPACE),
+                    labelSelector=pods.selector("stage"),
+                )
+                snap = liveview.snapshot(raw_cr, listed["items"], stage_pods["items"])
                 now = time.monotonic()
                 clock.observe(snap, now)
                 live.show(snap, clock.left_s(snap, now), now - t0)

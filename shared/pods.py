@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
@@ -310,6 +310,24 @@ def _parts_of_earlier(pod: Mapping[str, Any]) -> tuple[PodView, ...]:
             container=CHECK_CONTAINER,
         ),
     )
+
+
+def past_first(parts: Sequence[PodView], key: PodKey) -> PodView | None:
+    """The part the pod whose first stage part is ``key`` has reached (the last one that
+    could start), when that is past its first stage: a segment pod runs the stage's check
+    and the stages after it, and their starts are not written. None when it runs its first
+    stage or ``parts`` hold no such pod."""
+    first = next((p for p in parts if p.role == "stage" and p.key == key), None)
+    if first is None:
+        return None
+    reached = [p for p in parts if p.name == first.name and p.created is not None]
+    last = reached[-1] if reached else first
+    return None if last is first else last
+
+
+def said(p: PodView) -> str:
+    """A part as people read it: its stage, or ``<stage>-check``."""
+    return f"{p.stage}-check" if p.role == "check" else p.stage
 
 
 def part(pod: Mapping[str, Any], role: Role) -> PodView | None:

@@ -675,6 +675,12 @@ def cycle_of(r: PackageRecord) -> str:
     return r.cycle_started.isoformat() if r.cycle_started is not None else ""
 
 
+def pod_key(name: str, r: PackageRecord) -> tuple[str, str, str, int, str]:
+    """The key (``shared.pods.PodView.key``) of the stage pod that runs package ``name``'s
+    record ``r``: package, stage, version, attempt, cycle."""
+    return (name, r.stage, r.version, r.attempt, cycle_of(r))
+
+
 def verdict_about(r: PackageRecord, v: CheckRecord) -> bool:
     """The check verdict ``v`` (found under ``r``'s current stage and version) is about
     ``r``'s current run of that stage: its attempt, and its cycle. A verdict naming no cycle

@@ -536,7 +536,7 @@ def _settled(records: Mapping[str, PackageRecord], pod: PodView) -> bool:
 
 
 def _key(r: PackageRecord, name: str) -> PodKey:
-    return (name, r.stage, r.version, r.attempt, progress.cycle_of(r))
+    return progress.pod_key(name, r)
 
 
 def _spec_changed(w: _Work, d: Desired, r: PackageRecord) -> bool:

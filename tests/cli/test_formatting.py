@@ -5,7 +5,6 @@ and Node objects in, exact lines out. The same commands run against the API serv
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -13,14 +12,14 @@ import msgspec
 import pytest
 
 from nodewright import cli, lifecycle_cmd, node_cmd, output, package_cmd
-from shared import api, nodestate, pods, podspec, progress
+from shared import api, nodestate, pods
 from shared.config import ServiceSettings
 from shared.events import Reason
-from shared.podspec import PodRequest
 from shared.records.executor import ExecutorRecord, PackageRecord
 from shared.records.scheduler import Selection
 from shared.records.validator import CheckRecord, ValidatorRecord
 from tests.helpers.facts import T0, node, nodewright, reported
+from tests.helpers.segment import CYCLE, segment_pod
 
 PACKAGES = {
     "tuning": {"version": "1.0.0", "image": "registry.example/tuning"},
@@ -271,6 +270,7 @@ def test_node_list_json_carries_the_records_fields() -> None:
                 "state": "pending",
                 "attempt": 0,
                 "installed": "",
+                "pod": None,
             },
             {
                 "name": "tuning",
@@ -279,6 +279,7 @@ def test_node_list_json_carries_the_records_fields() -> None:
                 "state": "failed",
                 "attempt": 2,
                 "installed": "",
+                "pod": None,
             },
         ],
     }
@@ -398,42 +399,8 @@ def test_the_log_selector_narrows_by_the_executors_labels() -> None:
 
 
 def _segment_pod(*codes: int) -> dict[str, Any]:
-    """tuning's pod running apply then config, whose first ``codes`` containers exited."""
-    cr = _cr()
-    d = progress.desired(cr)["tuning"]
-    req = PodRequest(
-        role="stage",
-        package="tuning",
-        stage="apply",
-        version=d.version,
-        attempt=1,
-        desired=d,
-        name="seg",
-        cycle="2026-01-01T00:00:00+00:00",
-        stages=("apply", "config"),
-    )
-    pod = podspec.stage_pod(
-        req,
-        cr=cr,
-        node="n-1",
-        node_annotations={},
-        settings=podspec.PodSettings(namespace="nw", agent_image="a:1"),
-        node_metadata="{}",
-    )
-    pod["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
-    names = ["apply", "apply-check", "config", "config-check"]
-    states: list[dict[str, Any]] = [
-        {"terminated": {"exitCode": c, "finishedAt": f"2026-01-01T00:00:0{i + 1}Z"}}
-        for i, c in enumerate(codes)
-    ]
-    states += [{"running": {}}] + [{"waiting": {}}] * (3 - len(codes))
-    named = [{"name": n, "state": st} for n, st in zip(names, states, strict=False)]
-    pod["status"] = {
-        "phase": "Pending",
-        "initContainerStatuses": named[:3],
-        "containerStatuses": named[3:],
-    }
-    return pod
+    """tuning's pod on n-1 running apply then config, whose first ``codes`` containers exited."""
+    return segment_pod(_cr(), "tuning", *codes)
 
 
 def test_package_logs_show_each_stage_and_check_of_a_pod_once_it_started() -> None:
@@ -467,19 +434,56 @@ def test_node_status_says_what_a_pod_runs_past_the_recorded_stage(
 ) -> None:
     """A pod runs apply, its check, config and its check, and only the first start is
     written: node status reads the rest from the pod."""
-    r = msgspec.structs.replace(
-        _pkg("apply", "running"), cycle_started=datetime(2026, 1, 1, tzinfo=UTC)
-    )
+    r = msgspec.structs.replace(_pkg("apply", "running"), cycle_started=CYCLE)
     obj = node("n-1", records={nodestate.EXECUTOR: ExecutorRecord(packages={"tuning": r})})
     cr = _cr()
-    pod = _segment_pod(*codes)
-    pod["metadata"]["labels"][pods.LABEL_CR] = cr.metadata.name
-    parts = pods.parts(pod)
+    parts = pods.parts(_segment_pod(*codes))
     lines = node_cmd.describe(node_cmd.view(obj, cr.metadata.name, cr), obj, parts)
     (line,) = [x for x in lines if x.startswith("  package tuning:")]
     assert line == (
         "  package tuning: version 1.0.0, stage apply running (attempt 1), installed nothing" + said
     )
+
+
+@pytest.mark.parametrize(
+    ("codes", "cell", "pod"),
+    [
+        pytest.param((), "tuning:1.0.0 apply running", None, id="apply-runs-as-recorded"),
+        pytest.param(
+            (0, 0),
+            "tuning:1.0.0 config running",
+            {"name": "seg", "part": "config", "phase": "running"},
+            id="config-runs",
+        ),
+        pytest.param(
+            (0, 0, 4),
+            "tuning:1.0.0 config failed",
+            {"name": "seg", "part": "config", "phase": "failed"},
+            id="config-failed",
+        ),
+    ],
+)
+def test_node_list_says_what_a_pod_runs_past_the_recorded_stage(
+    codes: tuple[int, ...], cell: str, pod: dict[str, str] | None
+) -> None:
+    """The PACKAGES column (and ``pod`` in JSON) reads a segment pod as ``node status``
+    does; the record's own stage and state stay in the JSON."""
+    r = msgspec.structs.replace(_pkg("apply", "running"), cycle_started=CYCLE)
+    obj = node(
+        "n-1",
+        records={
+            nodestate.SCHEDULER: _selection(),
+            nodestate.EXECUTOR: ExecutorRecord(packages={"tuning": r}),
+        },
+    )
+    parts = pods.parts(_segment_pod(*codes))
+    elsewhere = pods.parts(segment_pod(_cr(), "tuning", 0, 0, node="n-2", name="other"))
+    (row,) = node_cmd.list_rows(_cr(), [obj], [*parts, *elsewhere])
+    entry = next(e for e in row["packages"] if e["name"] == "tuning")
+    assert (entry["stage"], entry["state"], entry["pod"]) == ("apply", "running", pod)
+    assert node_cmd.package_cell(entry) == cell
+    (bare,) = node_cmd.list_rows(_cr(), [obj])
+    assert node_cmd.package_cell(bare["packages"][1]) == "tuning:1.0.0 apply running"
 
 
 def test_log_pods_are_the_nodes_oldest_first() -> None:

@@ -17,6 +17,7 @@ from shared.records.executor import ExecutorRecord, PackageRecord
 from shared.records.scheduler import Selection
 from shared.rollout import book as rollout_book
 from tests.helpers.facts import T0, node, nodewright, reported
+from tests.helpers.segment import CYCLE, segment_pod
 
 FAILED = Reason(code="StageFailed", message="simulated failure of nvidia-tuned apply")
 
@@ -128,6 +129,33 @@ def test_a_snapshot_says_which_node_is_in_which_batch_at_which_stage() -> None:
         "  __default__ batch 2: n1 apply running, n2 config running",
         "  FAILED n3: StageFailed: simulated failure of nvidia-tuned apply",
     ]
+
+
+def test_a_snapshot_reads_what_a_segment_pod_runs_past_the_recorded_stage() -> None:
+    """n1's record says apply runs; its pod has run apply and its check and runs config."""
+    cr = api.from_dict(_cr(compartments=[_compartment(2, 2, 1)]), api.NodeWright)
+    nodes = _nodes()
+    rec = _pkg("apply", "running").packages["nvidia-tuned"]
+    nodes[1] = node(
+        "n1",
+        records={
+            nodestate.SCHEDULER: _sel(2),
+            nodestate.EXECUTOR: ExecutorRecord(
+                packages={"nvidia-tuned": msgspec.structs.replace(rec, cycle_started=CYCLE)}
+            ),
+        },
+        conditions=[reported("InProgress")],
+    )
+    pod = segment_pod(cr, "nvidia-tuned", 0, 0, node="n1")
+    other = segment_pod(nodewright("other"), "nvidia-tuned", 0, 0, node="n2", name="x")
+    snap = liveview.snapshot(api.to_dict(cr), nodes, [pod, other])
+    assert [(n.name, n.stage) for n in snap.in_flight] == [
+        ("n1", "config running"),
+        ("n2", "config running"),
+    ]
+    assert snap.stages == {"config": 2}
+    without = liveview.snapshot(api.to_dict(cr), nodes)
+    assert [n.stage for n in without.in_flight] == ["apply running", "config running"]
 
 
 def test_the_time_left_is_the_mean_batch_times_the_batches_left() -> None:
