@@ -28,7 +28,6 @@ from urllib.parse import urlencode
 
 import aiohttp
 import msgspec
-import yaml
 
 if TYPE_CHECKING:
     from kubernetes_asyncio import client
@@ -239,6 +238,10 @@ def from_kubeconfig(path: Path) -> Access:
 
 def _current(path: Path) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
     """The cluster and user entries of the kubeconfig's current context."""
+    # Only a kubeconfig file needs YAML: in a pod (the service account) the service never
+    # loads it, about 1 MB (issue 15).
+    import yaml
+
     try:
         doc = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
