@@ -27,6 +27,9 @@ Prints one JSON object:
   (``release_lag``): p50, p90, p99 and max;
 - ``consumer_backlog_at_ready`` and ``backlog_cleared_after_s``: every durable consumer's
   pending plus unacknowledged messages when the CR turned Ready, and how long until none;
+- ``status_condition_changes``: the status service's node condition as the node watch saw
+  it change, counted per ``from -> to`` (state and reason code; ``-`` before the first),
+  which says where its writes per node above one per state go;
 - ``load``: the machine's load averages at the start and at the end.
 
 ``--profile DIR`` records each service replica with py-spy (when installed) into DIR.
@@ -66,6 +69,7 @@ from shared.config import KubeSettings
 from shared.informer import Informer
 from shared.kube import connect, path_of
 from shared.records.scheduler import Selection
+from shared.records.status import find_condition, reported
 
 _METRIC = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>[0-9.e+]+)$")
 
@@ -165,6 +169,9 @@ class Timeline:
     admitted: dict[str, float] = field(default_factory=dict)
     released: dict[str, float] = field(default_factory=dict)
     batch_of: dict[str, int] = field(default_factory=dict)
+    condition: dict[str, str] = field(default_factory=dict)
+    """Per node, the status service's condition last seen: ``state/reason code``."""
+    condition_changes: Counter[str] = field(default_factory=Counter)
 
     def on_change(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         if new is None:
@@ -184,6 +191,13 @@ class Timeline:
             self.uncordoned[name] = now
         if selection is None and name in self.admitted and name not in self.released:
             self.released[name] = now
+        said = reported(find_condition(new, self.cr))
+        if said is not None:
+            seen = said.state + (f"/{said.reason.code}" if said.reason is not None else "")
+            before = self.condition.get(name, "-")
+            if seen != before:
+                self.condition[name] = seen
+                self.condition_changes[f"{before} -> {seen}"] += 1
 
     def release_lags(self) -> list[float]:
         return [self.released[n] - t for n, t in self.uncordoned.items() if n in self.released]
@@ -398,6 +412,7 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
         },
         "consumer_backlog_at_ready": backlog_at_ready,
         "backlog_cleared_after_s": cleared_after,
+        "status_condition_changes": dict(timeline.condition_changes.most_common()),
         "load": {"start": load_start, "end": load()},
         "measured_at": datetime.now().astimezone().isoformat(timespec="seconds"),
     }

@@ -403,7 +403,7 @@ def assess(
 
 # ---- what the node itself carries -----------------------------------------------------------
 
-_COMPARTMENT_TURN: Final = frozenset(
+COMPARTMENT_TURN: Final = frozenset(
     {
         reasons.WAITING_FOR_BATCH,
         reasons.BUDGET_EXHAUSTED,
@@ -422,7 +422,7 @@ def recorded(cr: str, view: NodeView) -> Reason:
     repeated the compartment's message would be rewritten on every waiting node whenever any
     other node moved (issue 15); the counts and the nodes holding the budget are the
     NodeWright's ``status.compartments`` and ``nodeDetails``, written once per change."""
-    if view.reason.code not in _COMPARTMENT_TURN:
+    if view.reason.code not in COMPARTMENT_TURN:
         return view.reason
     return Reason(
         code=view.reason.code,

@@ -34,6 +34,7 @@ import msgspec
 from services.status import assessing
 from services.status.assessing import NodeView, Observed
 from shared import api, nodestate, progress, reasons
+from shared.events import Reason
 from shared.progress import NodeFacts
 from shared.records.status import reported
 from shared.rollout import kernel
@@ -545,7 +546,8 @@ def node_condition(
         transition = str(current.get("lastTransitionTime") or stamp)
     text = _STATE_TEXT.get(view.state)
     if text is None:
-        reason = assessing.recorded(cr, view)
+        reason = _kept_turn(current) if view.reason.code == reasons.ADMITTING else None
+        reason = reason or assessing.recorded(cr, view)
         text = f"{reason.code}: {reason.message}"
     elif view.state == "InProgress":
         text += f" ({cr}); `nodewright node status {view.name}` shows the step"
@@ -560,6 +562,19 @@ def node_condition(
         # the report of it on every pass (see _condition_differs).
         "lastHeartbeatTime": _rfc3339(max(now, view.since)),
     }
+
+
+def _kept_turn(current: Mapping[str, Any] | None) -> Reason | None:
+    """The wait for its compartment's turn the condition reports, kept while the node is
+    being admitted: the kernel's Admitting is this pass's plan, which the scheduler's write
+    turns into InProgress within moments; writing it first cost a quarter of the nodes one
+    more Node write each (issue 15, ``status_condition_changes`` of bench.rollout). The
+    NodeWright's ``nodeDetails`` say Admitting. None when the condition reports anything
+    else (a node with no condition yet says Admitting)."""
+    before = reported(current)
+    if before is None or before.state != "Waiting" or before.reason is None:
+        return None
+    return before.reason if before.reason.code in assessing.COMPARTMENT_TURN else None
 
 
 _TROUBLE: Final = frozenset({"Failed", "Blocked"})
