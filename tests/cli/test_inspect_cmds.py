@@ -91,6 +91,7 @@ async def test_node_list_has_one_row_per_target_node(rig: Rig, objects: Objects)
         "state": "failed",
         "attempt": 2,
         "installed": "",
+        "pod": None,
     }
 
 
@@ -236,6 +237,33 @@ async def test_package_logs_name_each_pod_whose_log_cannot_be_fetched(
         f"nodewright: the logs of 2 of 2 containers could not be fetched: {stage} (apply), "
         f"{stage} (apply-check)"
     )
+
+
+async def test_node_list_says_what_a_stage_pod_runs_past_the_recorded_stage(
+    rig: Rig, objects: Objects, kapi: Kube, namespace: str
+) -> None:
+    """a's record says tuning's apply runs; its pod (kwok ends the init containers at once)
+    runs apply's check: the row says so, read from the pods in ``-n``."""
+    cr, (a, _, _, _) = await _fleet(objects)
+    obj = await kapi.get(f"/apis/{api.GROUP}/{api.VERSION}/nodewrights/{cr}")
+    pod = await _stage_pod(kapi, api.from_dict(obj, api.NodeWright), a, namespace, package="tuning")
+
+    async def checking() -> bool:
+        got = await kapi.get(path_of(plural="pods", namespace=namespace, name=pod))
+        return bool(got.get("status", {}).get("phase") == "Running")
+
+    await eventually(checking, what="kwok to run the stage pod")
+    got = await cli(rig, "node", "list", "--nodewright", cr, "-n", namespace)
+    assert got.code == 0, got
+    (row,) = [line for line in got.out.splitlines() if line.startswith(a)]
+    assert row.endswith("driver:2.0.0 pending, tuning:1.0.0 apply-check running"), row
+    js = await cli(rig, "node", "list", "--nodewright", cr, "-n", namespace, "-o", "json")
+    entry = json.loads(js.out)["nodes"][0]["packages"][1]
+    assert (entry["stage"], entry["state"]) == ("apply", "running")
+    assert entry["pod"] == {"name": pod, "part": "apply-check", "phase": "running"}
+    elsewhere = await cli(rig, "node", "list", "--nodewright", cr, "-n", objects.name("none"))
+    (bare,) = [line for line in elsewhere.out.splitlines() if line.startswith(a)]
+    assert bare.endswith("tuning:1.0.0 apply running"), "no pod there: the record's stage"
 
 
 async def test_package_logs_without_pods_say_where_to_look(
