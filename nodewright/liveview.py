@@ -101,7 +101,7 @@ def _stage(cr: api.NodeWright, f: progress.NodeFacts, parts: Sequence[pods.PodVi
             # A segment pod runs the stage's check and the stages after it unwritten.
             now = pods.past_first(parts, progress.pod_key(name, rec))
             if now is not None:
-                return f"{pods.said(now)} {now.phase.lower()}"
+                return pods.doing(now)
             return f"{rec.stage} running"
     for name, rec in sorted(f.executor.packages.items()):
         if name in wanted and not progress.package_done(wanted[name], rec):
@@ -122,11 +122,7 @@ def snapshot(
     ``stage_pods`` (API objects), for what a stage pod runs past its recorded stage."""
     cr = api.from_dict(dict(raw_cr), api.NodeWright)
     name = cr.metadata.name
-    by_node: dict[str, list[pods.PodView]] = {}
-    for pod in stage_pods:
-        for p in pods.parts(pod):
-            if p.cr == name:
-                by_node.setdefault(p.node, []).append(p)
+    by_node = pods.by_node((p for pod in stage_pods for p in pods.parts(pod)), name)
     in_flight: list[NodeLine] = []
     failed: list[NodeLine] = []
     stages: Counter[str] = Counter()

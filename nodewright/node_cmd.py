@@ -242,7 +242,7 @@ def in_pod(name: str, r: PackageRecord, parts: Sequence[pods.PodView]) -> str:
     """What the pod of package ``name``'s running record ``r`` does past the record's stage,
     e.g. ``; in pod P: config running`` (:func:`pod_now`); "" when nothing more is known."""
     now = pod_now(name, r, parts)
-    return "" if now is None else f"; in pod {now.name}: {pods.said(now)} {now.phase.lower()}"
+    return "" if now is None else f"; in pod {now.name}: {pods.doing(now)}"
 
 
 def describe(v: CrView, node: dict[str, Any], parts: Sequence[pods.PodView] = ()) -> list[str]:
@@ -401,10 +401,7 @@ def list_rows(
     """One row per target node of ``cr`` (its node selector), sorted by name: pure.
     ``parts``: those of the NodeWright pods (``shared.pods.parts``), for what each runs."""
     name = cr.metadata.name
-    by_node: dict[str, list[pods.PodView]] = {}
-    for p in parts:
-        if p.cr == name:
-            by_node.setdefault(p.node, []).append(p)
+    by_node = pods.by_node(parts, name)
     rows: list[dict[str, Any]] = []
     targets = [n for n in nodes if progress.selector_matches(cr.spec.node_selectors, _labels(n))]
     for node in sorted(targets, key=lambda n: str(n["metadata"]["name"])):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
@@ -326,8 +326,22 @@ def past_first(parts: Sequence[PodView], key: PodKey) -> PodView | None:
 
 
 def said(p: PodView) -> str:
-    """A part as people read it: its stage, or ``<stage>-check``."""
-    return f"{p.stage}-check" if p.role == "check" else p.stage
+    """A part as people read it: its stage, or ``<stage>-check`` (its container's name)."""
+    return check_container(p.stage) if p.role == "check" else p.stage
+
+
+def doing(p: PodView) -> str:
+    """What a part does, as the CLI and the sandbox say it: ``config running``."""
+    return f"{said(p)} {p.phase.lower()}"
+
+
+def by_node(parts: Iterable[PodView], cr: str) -> dict[str, list[PodView]]:
+    """The parts of NodeWright ``cr``'s pods, per node."""
+    out: dict[str, list[PodView]] = {}
+    for p in parts:
+        if p.cr == cr:
+            out.setdefault(p.node, []).append(p)
+    return out
 
 
 def part(pod: Mapping[str, Any], role: Role) -> PodView | None:

@@ -4,10 +4,10 @@
 reachable: it owns a self-signed CA and serving certificate (made by ``pki`` in a child
 process, ``certs.issue``; kept in a Secret with what they say, ``certs.CertFacts``, so every
 replica serves the same chain, the caBundle survives restarts and no replica parses X.509
-to know when to renew), writes the
-caBundle and rules into the ValidatingWebhookConfiguration it owns (failurePolicy Fail, a
-short timeout), renews the serving certificate before it expires and re-asserts the
-configuration periodically, so a chart upgrade that blanks the caBundle heals itself.
+to know when to renew), writes the caBundle and rules into the
+ValidatingWebhookConfiguration it owns (failurePolicy Fail, a short timeout), renews the
+serving certificate before it expires and re-asserts the configuration periodically, so a
+chart upgrade that blanks the caBundle heals itself.
 
 The decisions are not made here: ``admission`` judges, this module decodes requests, fetches
 the lookups it needs (a DeploymentPolicy, the NodeWrights referencing one) and encodes answers.
