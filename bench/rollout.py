@@ -22,6 +22,9 @@ Prints one JSON object:
 - ``cpu_s``: CPU seconds (utime + stime) per service, summed over its replicas: since the
   process started, and during the rollout alone;
 - ``conflicts``: 409 answers per service;
+- ``pins_refused``: 422 answers per service: node writes whose pinned precondition no
+  longer held (``shared.nodepins``; a node write the API server finds invalid is also 422,
+  and is an error in the service's log);
 - ``latency_s``: CR apply to the first cordon; per batch, its first admission to its last
   (``batch_admission``); per node, its uncordon to the scheduler's release of its slot
   (``release_lag``): p50, p90, p99 and max;
@@ -401,6 +404,10 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
         },
         "conflicts": {
             s: after_codes[s]["409"] - before_codes.get(s, Counter())["409"]
+            for s in sorted(after_codes)
+        },
+        "pins_refused": {
+            s: after_codes[s]["422"] - before_codes.get(s, Counter())["422"]
             for s in sorted(after_codes)
         },
         "latency_s": {

@@ -81,11 +81,11 @@ class PodRef:
 class NodeDecision:
     """One pass of one service for one (NodeWright, node), for :func:`shared.nodeshell.apply`.
 
-    The node is patched once (a JSON merge patch carrying the node's resourceVersion, so a
-    decision taken on a stale node is refused and taken again) when anything of it changes,
-    or when :attr:`fence` asks for the check before pods are created. Then the ConfigMaps
-    and pods are created (an existing one is success: names are deterministic), the pods
-    deleted, the events published.
+    The node is patched once (preconditioned on what the decision read of the node, see
+    :attr:`observed`, so a decision taken on a stale node is refused and taken again) when
+    anything of it changes, or when :attr:`fence` asks for the check before pods are
+    created. Then the ConfigMaps and pods are created (an existing one is success: names are
+    deterministic), the pods deleted, the events published.
     """
 
     owner: str
@@ -130,6 +130,14 @@ class NodeDecision:
     decision taken on the old node would land with the new version (two executor replicas
     each started the same stage under a name of its own). Empty: the cache's at the write
     (for decisions that read nothing of the node)."""
+    observed: JSON | None = None
+    """The node the decision was taken on, as the cache held it. Given, the write's
+    precondition is what the decision read of it (``shared.nodepins``: its labels,
+    annotations and spec, and with :attr:`reads_status` whether it is Ready and its boot
+    ID), not its resourceVersion, which every status write moves (:attr:`observed_version`
+    defaults to its resourceVersion, for a node that cannot be pinned)."""
+    reads_status: bool = True
+    """The decision read the node's Ready condition or boot ID (see :attr:`observed`)."""
 
     @property
     def patches_node(self) -> bool:

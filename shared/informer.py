@@ -45,6 +45,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from shared import nodepins
 from shared.kube import JSON, ApiError, Kube
 
 _log = logging.getLogger("nodewright.informer")
@@ -92,8 +93,9 @@ def slim_node(obj: JSON) -> JSON:
     15)."""
     obj = strip_managed_fields(obj)
     annotations = (obj.get("metadata") or {}).get("annotations")
-    if isinstance(annotations, dict):
-        annotations.pop(LAST_APPLIED, None)
+    if isinstance(annotations, dict) and annotations.pop(LAST_APPLIED, None) is not None:
+        # The annotations are no longer what the API server has: no write may pin them.
+        obj[nodepins.TRIMMED] = True
     status = obj.get("status")
     if isinstance(status, dict):
         boot_id = (status.get("nodeInfo") or {}).get("bootID") or ""

@@ -69,6 +69,14 @@ class ApiError(Exception):
         return self.status == 409
 
     @property
+    def patch_not_applicable(self) -> bool:
+        """A JSON Patch the API server could not apply to the object as it is (a ``test``
+        operation failed, or a path is not there): 422 without the field causes that a
+        validation failure of the patched object names (``shared.nodepins``)."""
+        details = self.body.get("details") or {}
+        return self.status == 422 and not details.get("causes") and not details.get("name")
+
+    @property
     def gone(self) -> bool:
         return self.status == 410
 

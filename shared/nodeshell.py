@@ -4,11 +4,12 @@
 :func:`apply` does, in this order, what every such service did by hand before:
 
 1. patch the node once (the owner's record written, kept or removed, the ``spec`` fields and
-   the owner's other annotations of the decision), with the resourceVersion of the node the
-   decision was taken on (:attr:`NodeDecision.observed_version`) as precondition: a
-   decision taken on a stale node is refused (the key is looked at again at once, on fresh
-   data). With :attr:`NodeDecision.fence`, when nothing is written, the node's
-   resourceVersion is read from the API server instead (:meth:`NodePort.confirm`) before any
+   the owner's other annotations of the decision), with what the decision read of the node
+   it was taken on (:attr:`NodeDecision.observed`, :mod:`shared.nodepins`; else that node's
+   resourceVersion) as precondition: a decision taken on a stale node is refused (the key
+   is looked at again at once, on fresh data), a status write since does not refuse it.
+   With :attr:`NodeDecision.fence`, when nothing is written, the node is read from the API
+   server instead and compared the same way (:meth:`NodePort.confirm`) before any
    pod is created or deleted (see there), unless the only pods to delete are
    :attr:`NodeDecision.settled` ones (finished, and moved past by the record decided on: no
    record can still want them);
@@ -47,7 +48,7 @@ from typing import Any, Final, Protocol
 import nats.errors
 import nats.js.errors
 
-from shared import events, nodestate, outbox
+from shared import events, nodepins, nodestate, outbox
 from shared.controller import Controller
 from shared.decisions import JSON, Keep, NodeDecision, PodRef, Remove, Write
 from shared.informer import Informer
@@ -85,14 +86,15 @@ class NodePort(Protocol):
         """The node as last seen (None: gone)."""
         ...
 
-    async def patch(self, name: str, body: JSON) -> bool:
-        """Merge-patch the node (``body`` carries its resourceVersion); False when the node
-        changed or is gone. What was written is seen by :meth:`get` at once."""
+    async def patch(self, name: str, body: JSON, pins: nodepins.Pins | None = None) -> bool:
+        """Merge-patch the node; False when the node changed or is gone. The precondition
+        is ``pins`` (what the decision read is unchanged) when given, else the
+        resourceVersion ``body`` carries. What was written is seen by :meth:`get` at once."""
         ...
 
-    async def confirm(self, name: str, version: str) -> bool:
-        """Whether the API server's node is still at resourceVersion ``version`` (a quorum
-        read); False when it changed or is gone."""
+    async def confirm(self, name: str, version: str, pins: nodepins.Pins | None = None) -> bool:
+        """Whether the API server's node (a quorum read) still holds ``pins`` when given,
+        else is still at resourceVersion ``version``; False when it changed or is gone."""
         ...
 
 
@@ -201,13 +203,18 @@ async def apply(
         again_young = _sooner(again_young, UNPUBLISHED_RETRY_S)
     held = outbox.pending(cached, decision.owner, decision.cr)
     unpublished = tuple(e for e in held if not bus.delivered(e))
+    current = str(cached["metadata"]["resourceVersion"])
+    version = decision.observed_version or current
+    pins = None
+    if decision.observed is not None:
+        version = decision.observed_version or _version(decision.observed)
+        pins = nodepins.of(decision.observed, status=decision.reads_status)
+    # A node that changed since the decision (the cache moved on while the shell read or
+    # waited) is not sent the write the API server would refuse: decided again at once.
+    stale = not pins.holds(cached) if pins is not None else version != current
     if decision.patches_node:
-        current = str(cached["metadata"]["resourceVersion"])
-        version = decision.observed_version or current
-        # A node that changed since the decision (the cache moved on while the shell read or
-        # waited) is not sent the write the API server would refuse: decided again at once.
         body = node_patch(decision, version, unpublished, had_outbox=bool(held))
-        if version != current or not await nodes.patch(decision.node, body):
+        if stale or not await nodes.patch(decision.node, body, pins):
             _log.info("Skipped stale Node write", extra=where)
             return STALE_RETRY_S
         fenced = clock()
@@ -216,8 +223,7 @@ async def apply(
     elif decision.needs_fence:
         # A read proves what a precondition-only PATCH proved, without a write that every
         # node watcher is sent (issue 15: the validator starts each check this way).
-        version = decision.observed_version or str(cached["metadata"]["resourceVersion"])
-        if not await nodes.confirm(decision.node, version):
+        if not await nodes.confirm(decision.node, version, pins):
             _log.info("Skipped pods of a stale decision", extra=where)
             return STALE_RETRY_S
         fenced = clock()
@@ -444,6 +450,10 @@ def pod_refs(pods: Informer, namespace: str, names: Iterable[str]) -> tuple[PodR
     return tuple(out)
 
 
+def _version(node: JSON) -> str:
+    return str((node.get("metadata") or {}).get("resourceVersion") or "")
+
+
 def _sooner(a: float | None, b: float) -> float:
     return b if a is None else min(a, b)
 
@@ -458,20 +468,38 @@ class KubeNodes:
     kube: Kube
     informer: Informer
 
+    _unpinned: dict[str, str] = field(default_factory=dict)
+    """Node -> the resourceVersion of a node whose pinned write the API server refused.
+    A refusal the cache then shows no change for (a string the API server compares
+    otherwise than :func:`shared.nodepins.encode` writes it, an API server of another
+    JSON Patch dialect) would be refused again forever: the next write of a decision
+    taken on that same node carries the resourceVersion instead."""
+
     def get(self, name: str) -> JSON | None:
         return self.informer.get(name)
 
-    async def patch(self, name: str, body: JSON) -> bool:
+    async def patch(self, name: str, body: JSON, pins: nodepins.Pins | None = None) -> bool:
+        path = path_of(plural="nodes", name=name)
+        pinned = None
+        if pins is not None and self._unpinned.get(name) != pins.resource_version:
+            pinned = pins.json_patch(body)
         try:
-            updated = await self.kube.patch(path_of(plural="nodes", name=name), body)
+            if pinned is not None:
+                updated = await self.kube.patch(path, pinned, kind="json")
+            else:
+                updated = await self.kube.patch(path, body)
         except ApiError as exc:
+            if pinned is not None and exc.patch_not_applicable:
+                self._unpinned[name] = pins.resource_version if pins is not None else ""
+                return False
             if exc.conflict or exc.not_found:
                 return False
             raise
+        self._unpinned.pop(name, None)
         self.informer.observe(updated)
         return True
 
-    async def confirm(self, name: str, version: str) -> bool:
+    async def confirm(self, name: str, version: str, pins: nodepins.Pins | None = None) -> bool:
         try:
             node = await self.kube.get(path_of(plural="nodes", name=name))
         except ApiError as exc:
@@ -480,6 +508,8 @@ class KubeNodes:
             raise
         # Not written through to the cache: a node someone else changed is the watch's to
         # deliver, as the change every key it concerns is woken by.
+        if pins is not None:
+            return pins.holds(node)
         return str(node["metadata"]["resourceVersion"]) == version
 
 

@@ -1,15 +1,16 @@
 """The drainer's async shell: caches, and carrying out the core's decisions on a node.
 
 For each (NodeWright, node) key it reads the cached CR, node, the pods bound to the node and
-the PodDisruptionBudgets of their namespaces, asks :func:`services.drainer.core.decide`
-what to do, sends the evictions (POST ``pods/<name>/eviction``) or deletions it asks for,
-folds their answers in with :func:`services.drainer.core.settle`, then hands the decision
-to the shared per-node shell (:func:`shared.nodeshell.apply`), which writes this CR's drainer
-record and the cordon in one merge patch carrying the node's resourceVersion and publishes
-the events. Long waits (protected pods, PDBs, terminating pods) are requeues,
-never a blocked worker, so one stuck node does not hold up others.
+the PodDisruptionBudgets of their namespaces, asks :func:`services.drainer.core.decide` what
+to do, sends the evictions (POST ``pods/<name>/eviction``) or deletions it asks for, folds
+their answers in with :func:`services.drainer.core.settle`, then hands the decision to the
+shared per-node shell (:func:`shared.nodeshell.apply`), which writes this CR's drainer
+record and the cordon in one patch whose precondition is what the decision read of the node
+(its metadata and spec, :mod:`shared.nodepins`) and publishes the events. Long waits
+(protected pods, PDBs, terminating pods) are requeues, never a blocked worker, so one stuck
+node does not hold up others.
 
-No leader election: the precondition turns a second replica's stale decision into a 409,
+No leader election: the precondition turns a second replica's stale decision into a refusal,
 evictions carry the pod's UID as a precondition, and evicting a pod twice is harmless (the
 second answer is 200 for a terminating pod, 404 or 409 for a gone one). Deciding is the
 core's job.
@@ -235,8 +236,11 @@ class Drainer:
         retry = await nodeshell.apply(
             replace(
                 core.node_decision(cr_name, node_name, decision),
-                # The node decided on: evictions took a while, the cache may be newer.
-                observed_version=str(raw_node["metadata"]["resourceVersion"]),
+                # The node decided on: evictions took a while, the cache may be newer. No
+                # decision of the drainer reads the node's status: a status write between
+                # the decision and its write does not refuse it (shared.nodepins).
+                observed=raw_node,
+                reads_status=False,
             ),
             nodes=self.node_port,
             objects=self.object_port,

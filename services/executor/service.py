@@ -3,8 +3,9 @@
 For each (NodeWright, node) key it reads the cached CR, node and NodeWright pods on that
 node, asks :func:`services.executor.core.decide` what to do, builds the pod manifests and
 hands the decision to the shared per-node shell (:func:`shared.nodeshell.apply`), which
-writes the node's executor record (with the node's resourceVersion as precondition, also
-before it creates pods when the record does not change), creates the package ConfigMap and
+writes the node's executor record (with what the decision read of the node as
+precondition, :mod:`shared.nodepins`, also before it creates pods when the record does not
+change), creates the package ConfigMap and
 pods (AlreadyExists is success: names are deterministic; each stage pod carries the node's
 metadata as it was decided on, :mod:`shared.nodemetadata`), deletes finished pods, and
 publishes the stage events. Any replica may handle any key; the precondition and
@@ -285,16 +286,17 @@ class Executor:
         announced: Callable[[Sequence[events.Event]], None] | None = None,
     ) -> float | None:
         """Carry out the core's decision through the shared per-node shell. Pods are only
-        created after a resourceVersion-checked write (``fence``): creating a pod the record
-        already says is running (it is missing from the pod cache) on a stale node could run
-        a stage twice, if another replica meanwhile recorded its result and deleted it. The
-        write's precondition is the version of ``node``, the one decided on."""
+        created after a write or a read proving the node unchanged (``fence``): creating a
+        pod the record already says is running (it is missing from the pod cache) on a stale
+        node could run a stage twice, if another replica meanwhile recorded its result and
+        deleted it. The precondition is what the decision read of ``node``, the node decided
+        on: its metadata, spec, Ready condition and boot ID (``shared.nodepins``)."""
         return await nodeshell.apply(
             NodeDecision(
                 owner=nodestate.EXECUTOR,
                 cr=cr,
                 node=str(node["metadata"]["name"]),
-                observed_version=str(node["metadata"]["resourceVersion"]),
+                observed=node,
                 record=decision.record,
                 fence=True,
                 config_maps=tuple(config_maps),

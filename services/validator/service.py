@@ -2,12 +2,13 @@
 readiness taint, carried out as :func:`services.validator.core.decide` says.
 
 For each (NodeWright, node) key it hands the core's decision to the shared per-node shell
-(:func:`shared.nodeshell.apply`), which writes the validator record (with the node's
-resourceVersion as precondition), adds the runtime-required taint to new nodes and lifts it
-when the core says so (in the same patch), and publishes ``stage.validated`` /
-``stage.validation-failed`` / ``node.validated``. Once the NodeWright is gone it removes its
-own record. It reads the executor's stage pods, whose main container runs the stage's check
-(``shared.pods.parts``), and creates or deletes no pod: its role only reads pods.
+(:func:`shared.nodeshell.apply`), which writes the validator record (with what the decision
+read of the node as precondition, :mod:`shared.nodepins`), adds the runtime-required taint
+to new nodes and lifts it when the core says so (in the same patch), and publishes
+``stage.validated`` / ``stage.validation-failed`` / ``node.validated``. Once the NodeWright
+is gone it removes its own record. It reads the executor's stage pods, whose main container
+runs the stage's check (``shared.pods.parts``), and creates or deletes no pod: its role only
+reads pods.
 
 Keys are the (NodeWright, node) pairs with a scheduler, executor, validator or requests
 record, plus two kinds of pairs without one: a node new to an ``autoTaintNewNodes``
@@ -305,7 +306,7 @@ class Validator:
                 owner=nodestate.VALIDATOR,
                 cr=cr,
                 node=name,
-                observed_version=str(node["metadata"]["resourceVersion"]),
+                observed=node,
                 record=decision.record,
                 spec=spec,
                 annotations=annotations,

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared import events
+from shared import events, nodepins
 from shared.decisions import PodRef
 
 JSON = dict[str, Any]
@@ -31,9 +31,10 @@ class FakeNodes:
     patches: list[tuple[str, JSON]] = field(default_factory=list)
     """Every patch that landed, in order."""
     refused: list[tuple[str, JSON]] = field(default_factory=list)
-    """Every patch refused for a stale resourceVersion (409) or a gone node (404)."""
+    """Every patch refused for a stale resourceVersion (409), pins that no longer hold (422)
+    or a gone node (404)."""
     confirms: list[tuple[str, bool]] = field(default_factory=list)
-    """Every read of a node's resourceVersion (a fence without a write), and its answer."""
+    """Every read of a node (a fence without a write), and its answer."""
 
     def add(self, node: JSON) -> None:
         self.revision += 1
@@ -46,15 +47,26 @@ class FakeNodes:
         self.revision += 1
         self.nodes[name]["metadata"]["resourceVersion"] = str(self.revision)
 
+    def set_status(self, name: str, status: JSON) -> None:
+        """Someone else wrote the node's status: its resourceVersion moves on."""
+        self.nodes[name]["status"] = copy.deepcopy(status)
+        self.touch(name)
+
     def get(self, name: str) -> JSON | None:
         node = self.nodes.get(name)
         return copy.deepcopy(node) if node is not None else None
 
-    async def patch(self, name: str, body: JSON) -> bool:
+    async def patch(self, name: str, body: JSON, pins: nodepins.Pins | None = None) -> bool:
         node = self.nodes.get(name)
         meta = body.get("metadata") or {}
         wanted = meta.get("resourceVersion")
-        if node is None or (wanted and wanted != node["metadata"]["resourceVersion"]):
+        if pins is not None:
+            stale = not pins.holds(node)
+        else:
+            stale = (
+                node is not None and bool(wanted) and wanted != node["metadata"]["resourceVersion"]
+            )
+        if node is None or stale:
             self.refused.append((name, body))
             return False
         annotations = node["metadata"].setdefault("annotations", {})
@@ -69,9 +81,12 @@ class FakeNodes:
         self.patches.append((name, body))
         return True
 
-    async def confirm(self, name: str, version: str) -> bool:
+    async def confirm(self, name: str, version: str, pins: nodepins.Pins | None = None) -> bool:
         node = self.nodes.get(name)
-        current = node is not None and node["metadata"]["resourceVersion"] == version
+        if pins is not None:
+            current = pins.holds(node)
+        else:
+            current = node is not None and node["metadata"]["resourceVersion"] == version
         self.confirms.append((name, current))
         return current
 

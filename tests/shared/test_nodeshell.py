@@ -249,6 +249,91 @@ async def test_pods_are_created_only_on_a_node_read_unchanged_when_nothing_is_wr
     assert objects.created == ["Pod/apply"]
 
 
+async def test_a_status_write_since_the_decision_does_not_refuse_its_write() -> None:
+    """Issue 15: the status service's condition (and the kubelet's heartbeat) moved the
+    node's resourceVersion between the admission, the cordon, the drain's end and the pod's
+    start, and each owner's write after it was answered 409 and made again. With the node
+    decided on, the precondition is what the decision read of it."""
+    nodes = _nodes()
+    decided_on = nodes.get("n1")
+    assert decided_on is not None
+    rec = DrainRecord(phase="cordoned", cordoned=True, started=T0, since=T0)
+    decision = NodeDecision(
+        owner=nodestate.DRAINER,
+        cr=CR,
+        node="n1",
+        record=Write(rec),
+        spec={"unschedulable": True},
+        observed=decided_on,
+        reads_status=False,
+    )
+    status = dict(decided_on["status"])
+    status["conditions"] = [{"type": "Ready", "status": "False"}]  # the drainer reads no status
+    nodes.set_status("n1", status)
+    got, _, _ = await _apply(decision, nodes)
+    assert got is None
+    assert len(nodes.patches) == 1
+    assert nodes.refused == []
+    assert nodestate.read(nodes.nodes["n1"], nodestate.DRAINER, CR, DrainRecord) == rec
+
+
+async def test_a_decision_that_reads_the_status_is_refused_when_it_changed() -> None:
+    nodes = _nodes()
+    decided_on = nodes.get("n1")
+    assert decided_on is not None
+    decision = NodeDecision(
+        owner=nodestate.EXECUTOR,
+        cr=CR,
+        node="n1",
+        record=Write(ExecutorRecord(boot_id="boot-1")),
+        fence=True,
+        create=(_pod("apply"),),
+        observed=decided_on,
+    )
+    heartbeat = dict(decided_on["status"])
+    heartbeat["conditions"] = [{"type": "Ready", "status": "True", "lastHeartbeatTime": "x"}]
+    nodes.set_status("n1", heartbeat)
+    got, objects, _ = await _apply(decision, nodes)
+    assert got is None
+    assert objects.created == ["Pod/apply"], "a heartbeat changes nothing read"
+    decided_on = nodes.get("n1")
+    assert decided_on is not None
+    rebooted = dict(decided_on["status"])
+    rebooted["nodeInfo"] = {"bootID": "boot-2"}
+    nodes.set_status("n1", rebooted)
+    got, objects, _ = await _apply(replace(decision, observed=decided_on), nodes)
+    assert got == nodeshell.STALE_RETRY_S
+    assert objects.created == []
+    assert len(nodes.patches) == 1
+
+
+async def test_an_annotation_written_since_the_decision_refuses_its_write() -> None:
+    nodes = _nodes()
+    decided_on = nodes.get("n1")
+    assert decided_on is not None
+    decision = NodeDecision(
+        owner=nodestate.EXECUTOR,
+        cr=CR,
+        node="n1",
+        fence=True,
+        create=(_pod("apply"),),
+        observed=decided_on,
+    )
+    # Another replica recorded the stage's result: the read fence sees it.
+    nodes.nodes["n1"]["metadata"]["annotations"]["nodewright.nvidia.com/executor"] = "{}"
+    nodes.touch("n1")
+    got, objects, _ = await _apply(decision, nodes)
+    assert got == nodeshell.STALE_RETRY_S
+    assert objects.created == []
+    assert nodes.confirms == [("n1", False)]
+    status = nodes.get("n1")
+    assert status is not None
+    nodes.set_status("n1", {**status["status"], "conditions": [*status["status"]["conditions"]]})
+    got, objects, _ = await _apply(replace(decision, observed=nodes.get("n1")), nodes)
+    assert objects.created == ["Pod/apply"]
+    assert nodes.confirms[1:] == [("n1", True)]
+
+
 async def test_nothing_to_change_writes_nothing() -> None:
     nodes = _nodes()
     decision = NodeDecision(owner=nodestate.EXECUTOR, cr=CR, node="n1", requeue_after=4.0)
