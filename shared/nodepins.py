@@ -141,7 +141,7 @@ def _ops(target: Mapping[str, Any], patch: Mapping[str, Any], path: str, out: li
     """The JSON Patch operations of the merge patch ``patch`` (RFC 7386) on ``target``,
     appended to ``out``."""
     for key, value in patch.items():
-        at = f"{path}/{_pointer(key)}"
+        at = f"{path}/{pointer(key)}"
         present = target.get(key) is not None
         if value is None:
             if present:
@@ -160,7 +160,7 @@ def _pruned(value: Any) -> Any:
     return value
 
 
-def _pointer(key: str) -> str:
+def pointer(key: str) -> str:
     """``key`` as one JSON Pointer token (RFC 6901)."""
     return key.replace("~", "~0").replace("/", "~1")
 

@@ -33,7 +33,7 @@ import msgspec
 
 from services.status import assessing
 from services.status.assessing import NodeView, Observed
-from shared import api, nodestate, progress, reasons
+from shared import api, nodepins, nodestate, progress, reasons
 from shared.events import Reason
 from shared.progress import NodeFacts
 from shared.records.status import reported
@@ -570,7 +570,7 @@ def _kept_turn(current: Mapping[str, Any] | None) -> Reason | None:
     turns into InProgress within moments; writing it first cost a quarter of the nodes one
     more Node write each (issue 15, ``status_condition_changes`` of bench.rollout). The
     NodeWright's ``nodeDetails`` say Admitting. None when the condition reports anything
-    else (a node with no condition yet says Admitting)."""
+    else (a node with no condition yet gets none for a while: :data:`ADMIT_GRACE_S`)."""
     before = reported(current)
     if before is None or before.state != "Waiting" or before.reason is None:
         return None
@@ -578,6 +578,51 @@ def _kept_turn(current: Mapping[str, Any] | None) -> Reason | None:
 
 
 _TROUBLE: Final = frozenset({"Failed", "Blocked"})
+
+ADMIT_GRACE_S: Final = 5.0
+"""How long a node with no condition yet may be due for admission before its condition says
+Admitting. The kernel's Admitting is this pass's plan, and the scheduler's write makes
+InProgress the node's first condition within moments. Writing Admitting first cost every
+node of a rollout's first batch one more Node write, and, landing between the scheduler's
+fence and its admission, a refused admission taken again half a second later (issue 15:
+100 writes and 30 refusals at 1,000 nodes). Past the grace (the scheduler is down, or its
+writes fail) the node says what it waits for."""
+
+
+def due_since(
+    views: Sequence[NodeView],
+    observed: Iterable[Observed],
+    before: Mapping[str, datetime],
+    now: datetime,
+) -> dict[str, datetime]:
+    """When each node with no condition yet was first seen due for admission, carried over
+    from ``before`` (the last pass's answer); nodes no longer so are dropped."""
+    bare = {o.name for o in observed if o.condition is None}
+    return {
+        v.name: before.get(v.name, now)
+        for v in views
+        if v.target and v.name in bare and v.reason.code == reasons.ADMITTING
+    }
+
+
+def admitting_report_due(since: Mapping[str, datetime], now: datetime) -> float | None:
+    """Seconds until the first node of :func:`due_since` has waited :data:`ADMIT_GRACE_S`
+    (None: no node waits for it)."""
+    if not since:
+        return None
+    return max(0.0, ADMIT_GRACE_S - (now - min(since.values())).total_seconds())
+
+
+def _admission_pending(
+    view: NodeView,
+    have: Mapping[str, Any] | None,
+    since: Mapping[str, datetime] | None,
+    now: datetime,
+) -> bool:
+    """A node with no condition yet that is due for admission, within its grace."""
+    if since is None or have is not None or view.reason.code != reasons.ADMITTING:
+        return False
+    return (now - since.get(view.name, now)).total_seconds() < ADMIT_GRACE_S
 
 
 def _condition_differs(
@@ -592,12 +637,17 @@ def _condition_differs(
 
 
 def node_updates(
-    cr: str, views: Sequence[NodeView], observed: Iterable[Observed], now: datetime
+    cr: str,
+    views: Sequence[NodeView],
+    observed: Iterable[Observed],
+    now: datetime,
+    admitting: Mapping[str, datetime] | None = None,
 ) -> list[NodeUpdate]:
     """The writes that bring each node's condition in line with its view: set on target
     nodes, removed from the others (and from every node when ``views`` is empty because the
     CR is gone), and an earlier version's status record removed everywhere. Nodes already in
-    line are left out."""
+    line are left out. With ``admitting`` (:func:`due_since`), a node with no condition yet
+    gets none while it is due for admission within :data:`ADMIT_GRACE_S`."""
     by_name = {v.name: v for v in views}
     out: list[NodeUpdate] = []
     for obs in sorted(observed, key=lambda o: o.name):
@@ -615,6 +665,8 @@ def node_updates(
             continue
         condition = node_condition(cr, view, obs.condition, now)
         write_condition = _condition_differs(condition, obs.condition, view)
+        if write_condition and _admission_pending(view, obs.condition, admitting, now):
+            write_condition = False
         if write_condition or obs.legacy_record is not None:
             out.append(
                 NodeUpdate(
@@ -630,17 +682,13 @@ def node_updates(
 def record_removal(cr: str, update: NodeUpdate) -> list[dict[str, Any]]:
     """The JSON patch (RFC 6902) removing ``update``'s legacy status record: it ``test``s the
     annotation is still the value the update saw, so a node that changed meanwhile refuses it
-    (422) and the next pass reads it again."""
-    path = "/metadata/annotations/" + _pointer(nodestate.key(nodestate.STATUS, cr))
+    (422) and the next pass reads it again. Send it encoded by ``shared.nodepins.encode``:
+    the API server compares the test's string byte for byte as Go writes it."""
+    path = "/metadata/annotations/" + nodepins.pointer(nodestate.key(nodestate.STATUS, cr))
     return [
         {"op": "test", "path": path, "value": update.remove_record},
         {"op": "remove", "path": path},
     ]
-
-
-def _pointer(token: str) -> str:
-    """``token`` as one JSON Pointer (RFC 6901) reference token."""
-    return token.replace("~", "~0").replace("/", "~1")
 
 
 def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:

@@ -45,7 +45,17 @@ from prometheus_client.core import GaugeMetricFamily
 
 from services.status import assessing, core, kube_events, metrics, webpage
 from services.status.config import Settings
-from shared import api, events, nodestate, progress, runtime, streaming, subjects, workqueue
+from shared import (
+    api,
+    events,
+    nodepins,
+    nodestate,
+    progress,
+    runtime,
+    streaming,
+    subjects,
+    workqueue,
+)
 from shared.controller import Controller
 from shared.informer import Informer, slim_node
 from shared.kube import JSON, ApiError, path_of
@@ -141,6 +151,9 @@ class Status:
         self._observed = assessing.ObservedCache(self._facts)
         self._passed_at: dict[str, datetime] = {}
         self._rest_until: dict[str, float] = {}
+        # Per NodeWright, when each node with no condition yet was first seen due for
+        # admission (core.due_since); memory only: a restart gives them the grace again.
+        self._due_since: dict[str, dict[str, datetime]] = {}
         """NodeWright -> monotonic time before which no pass over it starts
         (``StatusSettings.pass_share``)."""
         self._kube_events = Counter(
@@ -278,6 +291,7 @@ class Status:
             self.gauges.latest.pop(name, None)
             self._passed_at.pop(name, None)
             self._rest_until.pop(name, None)
+            self._due_since.pop(name, None)
             return None if await self._clean_up(name) else 0.5
         try:
             cr = self._decode_cr(raw)
@@ -317,7 +331,9 @@ class Status:
         plan = fleet.decide(world, cr, now)
         views = assessing.assess(cr, observed, now, plan)
         status = core.summarize(cr, policy, views, now, plan)
-        updates = core.node_updates(name, views, observed, now)
+        admitting = core.due_since(views, observed, self._due_since.get(name, {}), now)
+        self._due_since[name] = admitting
+        updates = core.node_updates(name, views, observed, now, admitting)
         self._rest_until[name] = time.monotonic() + workqueue.rest_after(
             time.perf_counter() - computing, self.settings.pass_share
         )
@@ -332,6 +348,10 @@ class Status:
         await self._rollout_events(cr, status, views, observed, status_written=status_ok)
         if not (nodes_ok and status_ok):
             return 0.5
+        report = core.admitting_report_due(admitting, now)
+        if report is not None:
+            # Nothing else may change by then (a scheduler that is down).
+            return min(self.ctx.settings.resync_interval_s, report)
         return self.ctx.settings.resync_interval_s
 
     def _due(self, name: str, now: datetime) -> float:
@@ -401,11 +421,11 @@ class Status:
             try:
                 written = await self.ctx.kube.patch(
                     path_of(plural="nodes", name=update.node),
-                    core.record_removal(cr, update),
+                    nodepins.encode(core.record_removal(cr, update)),
                     kind="json",
                 )
             except ApiError as exc:
-                if exc.not_found or exc.status == 422:
+                if exc.not_found or exc.patch_not_applicable:
                     # Gone, or its record is no longer the one this pass read (422: the
                     # JSON patch's test failed): the pass runs again on fresh data.
                     return self._stale(cr, update.node, "record")

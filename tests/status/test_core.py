@@ -848,6 +848,39 @@ def test_a_waiting_node_being_admitted_keeps_its_wait_and_a_new_one_says_admitti
     assert now_admitting.condition["message"].startswith("Admitting: ")
 
 
+def test_a_node_with_no_condition_yet_gets_none_while_its_admission_is_due() -> None:
+    """Issue 15: the first batch's nodes said Admitting first, one more Node write each, and
+    the write landed between the scheduler's fence and its admission (refused, taken again
+    half a second later). Within ADMIT_GRACE_S the scheduler's write makes InProgress the
+    first condition; past it (the scheduler is down) the node says Admitting."""
+    admitting = dataclasses.replace(
+        _waiting_view("x"),
+        reason=Reason(code="Admitting", message="being admitted into batch 1"),
+    )
+    bare = _observed(node("w"))
+    since = core.due_since([admitting], bare, {}, T0)
+    assert since == {"w": T0}
+    assert core.node_updates(CR, [admitting], bare, T0, since) == []
+    assert core.admitting_report_due(since, T0) == core.ADMIT_GRACE_S
+    soon = T0 + timedelta(seconds=core.ADMIT_GRACE_S - 1)
+    assert core.due_since([admitting], bare, since, soon) == since, "first seen, carried over"
+    assert core.node_updates(CR, [admitting], bare, soon, since) == []
+    assert core.admitting_report_due(since, soon) == 1.0
+    late = T0 + timedelta(seconds=core.ADMIT_GRACE_S)
+    (update,) = core.node_updates(CR, [admitting], bare, late, since)
+    assert update.condition is not None
+    assert update.condition["message"] == "Admitting: being admitted into batch 1"
+    assert core.admitting_report_due(since, late) == 0.0
+    # Once it has a condition, or is due no more, the node is not remembered.
+    reported = _observed(_carrying(node("w"), update))
+    assert core.due_since([admitting], reported, since, late) == {}
+    assert core.due_since([_waiting_view("m")], bare, since, late) == {}
+    assert core.admitting_report_due({}, late) is None
+    # Any other first condition is written at once.
+    (wait,) = core.node_updates(CR, [_waiting_view("m")], bare, T0, since)
+    assert wait.condition is not None
+
+
 def test_an_earlier_versions_status_record_is_removed_by_compare_and_swap() -> None:
     """The record once written per step goes: a JSON patch that tests the annotation is
     still the value the pass saw, then removes it; the condition is written as usual."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nodewright.rig import Rig
 from nodewright.rig.nodes import create_nodes, wait_ready
-from services.status import service
+from services.status import core, service
 from services.status.config import Settings
 from shared import api, config, events, nodestate, progress, runtime, streaming, subjects
 from shared.bus import Bus
@@ -35,7 +36,7 @@ from shared.records.scheduler import Selection
 from shared.records.validator import ValidatorRecord
 from tests.api.crds import NODEWRIGHTS, POLICIES, install_crds
 from tests.helpers.bus import caught_up
-from tests.helpers.waiting import eventually
+from tests.helpers.waiting import Pending, eventually
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 PACKAGE = {"version": "0.9.0", "image": "ghcr.io/nvidia/nodewright-packages/nvidia-tuned"}
@@ -566,6 +567,30 @@ async def test_a_missing_policy_blocks_waiting_nodes_until_it_exists(harness: Ha
         assert sorted(d.reason for d in status.node_details) == ["Admitting", "WaitingForBatch"]
     finally:
         await _delete(h.kapi, f"{POLICIES}/{policy}")
+
+
+async def test_a_node_no_scheduler_admits_says_admitting_after_the_grace(
+    harness: Harness,
+) -> None:
+    """No scheduler runs here: the node the kernel admits first gets no condition for
+    core.ADMIT_GRACE_S (the scheduler's write would make InProgress its first one), then
+    says Admitting, never stuck without a word."""
+    h = harness
+    await _nodes(h, "g", labels={"pool": "gpu"})
+    await _nodewright(h)
+    status = await _status_when(h, lambda s: len(s.node_details) == 1, "the node in the status")
+    assert [d.reason for d in status.node_details] == ["Admitting"]
+    seen_at = time.monotonic()
+    _, cond = await _node_status(h, "g")
+    assert cond is None, "no condition while the admission is due"
+
+    async def reported() -> Mapping[str, Any] | Pending:
+        _, cond = await _node_status(h, "g")
+        return cond if cond is not None else Pending("no condition yet")
+
+    cond = await eventually(reported, timeout_s=30, what="the Admitting condition")
+    assert cond["message"].startswith("Admitting: ")
+    assert time.monotonic() - seen_at > core.ADMIT_GRACE_S / 2
 
 
 async def test_deleting_the_nodewright_removes_its_node_status(harness: Harness) -> None:
