@@ -20,14 +20,19 @@ Prints one JSON object:
 - ``per_node``: API requests by the services, writes (POST/PUT/PATCH/DELETE) and Node
   writes of the whole rig, and the services' peak RSS, each divided by N;
 - ``cpu_s``: CPU seconds (utime + stime) per service, summed over its replicas: since the
-  process started, and during the rollout alone;
+  process started, and during the rollout alone; ``rig_rollout``: the same of each rig
+  component (API server, etcd, kwok ...) during the rollout, which shares the cores;
 - ``conflicts``: 409 answers per service;
 - ``pins_refused``: 422 answers per service: node writes whose pinned precondition no
   longer held (``shared.nodepins``; a node write the API server finds invalid is also 422,
   and is an error in the service's log);
 - ``latency_s``: CR apply to the first cordon; per batch, its first admission to its last
   (``batch_admission``); per node, its uncordon to the scheduler's release of its slot
-  (``release_lag``): p50, p90, p99 and max;
+  (``release_lag``): p50, p90, p99 and max; ``per_step``: the same per step of a node
+  (admission to cordon, cordon to the drainer's drained, to the executor's record of the
+  package, to its stage pod, the pod's start and run, its end to the
+  uncordon, the uncordon to the release) and between one batch's last release and the next
+  batch's first admission;
 - ``consumer_backlog_at_ready`` and ``backlog_cleared_after_s``: every durable consumer's
   pending plus unacknowledged messages when the CR turned Ready, and how long until none;
 - ``status_condition_changes``: the status service's node condition as the node watch saw
@@ -45,6 +50,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -67,10 +73,12 @@ import nats
 from nodewright import manifests
 from nodewright.rig import Rig, nodes
 from nodewright.rig.fleet import Fleet, Replica
-from shared import nodestate
+from shared import nodestate, pods
 from shared.config import KubeSettings
 from shared.informer import Informer
 from shared.kube import connect, path_of
+from shared.records.drainer import DrainRecord
+from shared.records.executor import ExecutorRecord
 from shared.records.scheduler import Selection
 from shared.records.status import find_condition, reported
 
@@ -126,11 +134,20 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 def cpu_seconds(replica: Replica) -> float:
     """utime + stime of the replica's process so far (Linux /proc), 0 if it is gone."""
+    return _cpu_of(replica.popen.pid)
+
+
+def _cpu_of(pid: int) -> float:
     try:
-        fields = Path(f"/proc/{replica.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def cpu_by_component(rig: Rig) -> dict[str, float]:
+    """utime + stime so far of each rig component (the API server, etcd, kwok ...)."""
+    return {name: _cpu_of(p.popen.pid) for name, p in sorted(rig.processes.items())}
 
 
 def cpu_by_service(fleet: Fleet) -> dict[str, float]:
@@ -175,6 +192,60 @@ class Timeline:
     condition: dict[str, str] = field(default_factory=dict)
     """Per node, the status service's condition last seen: ``state/reason code``."""
     condition_changes: Counter[str] = field(default_factory=Counter)
+    pod_created: dict[str, float] = field(default_factory=dict)
+    """Per node, when its (first) stage pod was first seen, and when it was first seen
+    running and finished (Succeeded or Failed)."""
+    pod_running: dict[str, float] = field(default_factory=dict)
+    pod_done: dict[str, float] = field(default_factory=dict)
+    drained: dict[str, float] = field(default_factory=dict)
+    """Per node, when the drainer's record first said drained, and when the executor's
+    first recorded a package."""
+    started: dict[str, float] = field(default_factory=dict)
+
+    def on_pod(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if new is None:
+            return
+        now = time.monotonic()
+        node = str((new.get("spec") or {}).get("nodeName") or "")
+        if not node:
+            return
+        self.pod_created.setdefault(node, now)
+        phase = (new.get("status") or {}).get("phase")
+        if phase == "Running":
+            self.pod_running.setdefault(node, now)
+        elif phase in ("Succeeded", "Failed"):
+            self.pod_running.setdefault(node, now)
+            self.pod_done.setdefault(node, now)
+
+    def phases(self) -> dict[str, dict[str, float]]:
+        """Where each node's time went, step by step (percentiles over the nodes), and the
+        gap between one batch's last release and the next batch's first admission."""
+        steps = [
+            ("admit_to_cordon", self.admitted, self.cordoned),
+            ("cordon_to_drained", self.cordoned, self.drained),
+            ("drained_to_started", self.drained, self.started),
+            ("started_to_pod", self.started, self.pod_created),
+            ("pod_to_running", self.pod_created, self.pod_running),
+            ("running_to_done", self.pod_running, self.pod_done),
+            ("done_to_uncordon", self.pod_done, self.uncordoned),
+            ("uncordon_to_release", self.uncordoned, self.released),
+        ]
+        out = {
+            name: percentiles([end[n] - t for n, t in start.items() if n in end])
+            for name, start, end in steps
+        }
+        batches: dict[int, list[str]] = {}
+        for node, batch in self.batch_of.items():
+            batches.setdefault(batch, []).append(node)
+        order = sorted(batches)
+        gaps = []
+        for a, b in itertools.pairwise(order):
+            last = max((self.released.get(n, 0.0) for n in batches[a]), default=0.0)
+            first = min(self.admitted[n] for n in batches[b])
+            if last:
+                gaps.append(first - last)
+        out["release_to_next_batch"] = percentiles(gaps)
+        return out
 
     def on_change(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         if new is None:
@@ -186,6 +257,14 @@ class Timeline:
         if selection is not None and name not in self.admitted:
             self.admitted[name] = now
             self.batch_of[name] = selection.batch
+        if name not in self.drained:
+            drain = nodestate.read(new, nodestate.DRAINER, self.cr, DrainRecord)
+            if drain is not None and drain.phase == "drained":
+                self.drained[name] = now
+        if name not in self.started:
+            ran = nodestate.read(new, nodestate.EXECUTOR, self.cr, ExecutorRecord)
+            if ran is not None and ran.packages:
+                self.started[name] = now
         if cordoned and name not in self.cordoned:
             self.cordoned[name] = now
             if self.first_cordon is None:
@@ -309,12 +388,22 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
             label_selector="nodepool=gpu",
             name="bench-timeline",
         )
+        pod_watch = Informer(
+            kube=kube,
+            path=path_of(plural="pods", namespace="nodewright-system"),
+            on_change=timeline.on_pod,
+            label_selector=f"{pods.LABEL_MANAGED}={pods.MANAGED_BY}",
+            name="bench-pods",
+        )
         watcher = asyncio.create_task(watch.run(), name="bench-timeline")
+        pod_watcher = asyncio.create_task(pod_watch.run(), name="bench-pods")
         await asyncio.wait_for(watch.synced.wait(), 60)
+        await asyncio.wait_for(pod_watch.synced.wait(), 60)
         before_api = api_requests(rig)
         before_own = service_requests(fleet)
         before_codes = service_requests(fleet, by_code=True)
         before_cpu = cpu_by_service(fleet)
+        before_rig_cpu = cpu_by_component(rig)
         before_events = await stream_messages(rig.endpoints.nats_url)
         cr = {
             "apiVersion": "nodewright.nvidia.com/v1alpha1",
@@ -354,7 +443,8 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
             await asyncio.sleep(1)
         await asyncio.sleep(1)  # the last releases reach the timeline
         watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
+        pod_watcher.cancel()
+        await asyncio.gather(watcher, pod_watcher, return_exceptions=True)
         listed = await kube.get(path_of(plural="nodes"), labelSelector="nodepool=gpu")
         assert len(listed["items"]) == args.nodes
     budget = max(1, math.floor(args.nodes * args.budget_percent / 100))
@@ -401,6 +491,10 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
             "rollout": {s: round(after_cpu[s] - before_cpu.get(s, 0.0), 2) for s in after_cpu},
             "sum_total": round(sum(after_cpu.values()), 2),
             "sum_rollout": round(sum(after_cpu.values()) - sum(before_cpu.values()), 2),
+            "rig_rollout": {
+                c: round(v - before_rig_cpu.get(c, 0.0), 2)
+                for c, v in cpu_by_component(rig).items()
+            },
         },
         "conflicts": {
             s: after_codes[s]["409"] - before_codes.get(s, Counter())["409"]
@@ -416,6 +510,7 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
             ),
             "batch_admission": percentiles(timeline.batch_admission()),
             "release_lag": percentiles(timeline.release_lags()),
+            "per_step": timeline.phases(),
         },
         "consumer_backlog_at_ready": backlog_at_ready,
         "backlog_cleared_after_s": cleared_after,
