@@ -480,8 +480,9 @@ class KubeNodes:
 
     async def patch(self, name: str, body: JSON, pins: nodepins.Pins | None = None) -> bool:
         path = path_of(plural="nodes", name=name)
+        decided = pins.resource_version if pins is not None else ""
         pinned = None
-        if pins is not None and self._unpinned.get(name) != pins.resource_version:
+        if pins is not None and self._unpinned.get(name) != decided:
             pinned = pins.json_patch(body)
         try:
             if pinned is not None:
@@ -490,7 +491,7 @@ class KubeNodes:
                 updated = await self.kube.patch(path, body)
         except ApiError as exc:
             if pinned is not None and exc.patch_not_applicable:
-                self._unpinned[name] = pins.resource_version if pins is not None else ""
+                self._unpinned[name] = decided
                 return False
             if exc.conflict or exc.not_found:
                 return False

@@ -23,7 +23,7 @@ from tests.helpers.waiting import eventually
 pytestmark = pytest.mark.timeout(600)
 
 NODES = 10
-NODE_WRITES_PER_NODE_CEILING = 11.0
+NODE_WRITES_PER_NODE_CEILING = 10.0
 """Node PATCHes/PUTs (nodes and nodes/status) by all five services, per node of a one-package
 rollout until its last pod is deleted (docs/metrics.md)."""
 

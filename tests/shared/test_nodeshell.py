@@ -44,9 +44,8 @@ def _nodes() -> FakeNodes:
     return fake
 
 
-async def test_the_record_and_spec_go_in_one_patch_on_the_version_decided_on() -> None:
-    nodes = _nodes()
-    version = nodes.nodes["n1"]["metadata"]["resourceVersion"]
+def _cordon(**more: Any) -> tuple[DrainRecord, NodeDecision]:
+    """The drainer's cordon of n1: its record and the decision writing it."""
     rec = DrainRecord(phase="cordoned", cordoned=True, started=T0, since=T0)
     decision = NodeDecision(
         owner=nodestate.DRAINER,
@@ -54,9 +53,15 @@ async def test_the_record_and_spec_go_in_one_patch_on_the_version_decided_on() -
         node="n1",
         record=Write(rec),
         spec={"unschedulable": True},
-        events=(_event(1),),
-        requeue_after=3.0,
+        **more,
     )
+    return rec, decision
+
+
+async def test_the_record_and_spec_go_in_one_patch_on_the_version_decided_on() -> None:
+    nodes = _nodes()
+    version = nodes.nodes["n1"]["metadata"]["resourceVersion"]
+    rec, decision = _cordon(events=(_event(1),), requeue_after=3.0)
     got, _, bus = await _apply(decision, nodes)
     assert got == 3.0
     ((name, body),) = nodes.patches
@@ -229,14 +234,7 @@ async def test_pods_are_created_only_on_a_node_read_unchanged_when_nothing_is_wr
     resourceVersion, not a precondition-only PATCH every node watcher is sent."""
     nodes = _nodes()
     decided_on = str(nodes.nodes["n1"]["metadata"]["resourceVersion"])
-    decision = NodeDecision(
-        owner=nodestate.EXECUTOR,
-        cr=CR,
-        node="n1",
-        fence=True,
-        create=(_pod("apply"),),
-        observed_version=decided_on,
-    )
+    decision = replace(_pod_start(nodes)[0], observed=None, observed_version=decided_on)
     nodes.touch("n1")  # another replica recorded something after this decision was taken
     got, objects, _ = await _apply(decision, nodes)
     assert got == nodeshell.STALE_RETRY_S
@@ -257,16 +255,7 @@ async def test_a_status_write_since_the_decision_does_not_refuse_its_write() -> 
     nodes = _nodes()
     decided_on = nodes.get("n1")
     assert decided_on is not None
-    rec = DrainRecord(phase="cordoned", cordoned=True, started=T0, since=T0)
-    decision = NodeDecision(
-        owner=nodestate.DRAINER,
-        cr=CR,
-        node="n1",
-        record=Write(rec),
-        spec={"unschedulable": True},
-        observed=decided_on,
-        reads_status=False,
-    )
+    rec, decision = _cordon(observed=decided_on, reads_status=False)
     status = dict(decided_on["status"])
     status["conditions"] = [{"type": "Ready", "status": "False"}]  # the drainer reads no status
     nodes.set_status("n1", status)
@@ -277,31 +266,37 @@ async def test_a_status_write_since_the_decision_does_not_refuse_its_write() -> 
     assert nodestate.read(nodes.nodes["n1"], nodestate.DRAINER, CR, DrainRecord) == rec
 
 
-async def test_a_decision_that_reads_the_status_is_refused_when_it_changed() -> None:
-    nodes = _nodes()
+def _pod_start(nodes: FakeNodes, **more: Any) -> tuple[NodeDecision, dict[str, Any]]:
+    """An executor decision to start a pod, taken on the node as ``nodes`` hold it now."""
     decided_on = nodes.get("n1")
     assert decided_on is not None
     decision = NodeDecision(
         owner=nodestate.EXECUTOR,
         cr=CR,
         node="n1",
-        record=Write(ExecutorRecord(boot_id="boot-1")),
         fence=True,
         create=(_pod("apply"),),
         observed=decided_on,
+        **more,
     )
+    return decision, decided_on
+
+
+async def test_a_decision_that_reads_the_status_is_refused_when_it_changed() -> None:
+    nodes = _nodes()
+    decision, decided_on = _pod_start(nodes, record=Write(ExecutorRecord(boot_id="boot-1")))
     heartbeat = dict(decided_on["status"])
     heartbeat["conditions"] = [{"type": "Ready", "status": "True", "lastHeartbeatTime": "x"}]
     nodes.set_status("n1", heartbeat)
     got, objects, _ = await _apply(decision, nodes)
     assert got is None
     assert objects.created == ["Pod/apply"], "a heartbeat changes nothing read"
-    decided_on = nodes.get("n1")
-    assert decided_on is not None
-    rebooted = dict(decided_on["status"])
+    later, _ = _pod_start(nodes, record=Write(ExecutorRecord(boot_id="boot-1")))
+    assert later.observed is not None
+    rebooted = dict(later.observed["status"])
     rebooted["nodeInfo"] = {"bootID": "boot-2"}
     nodes.set_status("n1", rebooted)
-    got, objects, _ = await _apply(replace(decision, observed=decided_on), nodes)
+    got, objects, _ = await _apply(later, nodes)
     assert got == nodeshell.STALE_RETRY_S
     assert objects.created == []
     assert len(nodes.patches) == 1
@@ -309,16 +304,7 @@ async def test_a_decision_that_reads_the_status_is_refused_when_it_changed() -> 
 
 async def test_an_annotation_written_since_the_decision_refuses_its_write() -> None:
     nodes = _nodes()
-    decided_on = nodes.get("n1")
-    assert decided_on is not None
-    decision = NodeDecision(
-        owner=nodestate.EXECUTOR,
-        cr=CR,
-        node="n1",
-        fence=True,
-        create=(_pod("apply"),),
-        observed=decided_on,
-    )
+    decision, _ = _pod_start(nodes)
     # Another replica recorded the stage's result: the read fence sees it.
     nodes.nodes["n1"]["metadata"]["annotations"]["nodewright.nvidia.com/executor"] = "{}"
     nodes.touch("n1")
