@@ -33,10 +33,11 @@ Not this module's job: sending the patch, or what to do when it is refused
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
+
+import msgspec
 
 JSON = dict[str, Any]
 
@@ -45,11 +46,16 @@ TRIMMED: Final = "nodewright.trimmed"
 
 _PINNED_METADATA: Final = ("labels", "annotations")
 
-# Go's encoding/json escapes these inside strings; Python's json module writes them raw.
-# They can only occur inside strings (keys or values) of a JSON text, so replacing them in
-# the whole text is exact.
-_GO_ESCAPES: Final = str.maketrans(
-    {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+# Go's encoding/json escapes these inside strings; msgspec writes them raw (as UTF-8), and
+# writes every other character as Go does (control characters as \u00xx or their short
+# escapes, other non-ASCII raw). They can only occur inside strings (keys or values) of a
+# JSON text, so replacing them in the whole text is exact.
+_GO_ESCAPES: Final = (
+    (b"<", b"\\u003c"),
+    (b">", b"\\u003e"),
+    (b"&", b"\\u0026"),
+    ("\u2028".encode(), b"\\u2028"),
+    ("\u2029".encode(), b"\\u2029"),
 )
 
 
@@ -58,8 +64,11 @@ def encode(value: Any) -> bytes:
     (the API server compares a ``test`` operation's strings so). Raises ``ValueError`` for
     a value Go would write differently (a string with a lone surrogate, a float)."""
     _check(value)
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    return text.translate(_GO_ESCAPES).encode("utf-8")
+    text = msgspec.json.encode(value)
+    for raw, escaped in _GO_ESCAPES:
+        if raw in text:
+            text = text.replace(raw, escaped)
+    return text
 
 
 def _check(value: Any) -> None:
@@ -89,8 +98,23 @@ class Pins:
     """The Ready condition's index among the node's conditions and its status (None: the
     status is not pinned)."""
     boot_id: str | None
-    tests: bytes
-    """The ``test`` operations, encoded (:func:`encode`), without the enclosing brackets."""
+
+    def tests(self) -> list[JSON]:
+        """The ``test`` operations of these pins."""
+        ops: list[JSON] = [
+            {"op": "test", "path": "/metadata/labels", "value": self.labels},
+            {"op": "test", "path": "/metadata/annotations", "value": self.annotations},
+            {"op": "test", "path": "/spec", "value": self.spec},
+        ]
+        if self.ready is not None:
+            at = f"/status/conditions/{self.ready[0]}"
+            ops += [
+                {"op": "test", "path": f"{at}/type", "value": "Ready"},
+                {"op": "test", "path": f"{at}/status", "value": self.ready[1]},
+            ]
+        if self.boot_id is not None:
+            ops.append({"op": "test", "path": "/status/nodeInfo/bootID", "value": self.boot_id})
+        return ops
 
     def holds(self, node: Mapping[str, Any] | None) -> bool:
         """Whether ``node`` still has what the decision read (it would pass the tests)."""
@@ -120,21 +144,21 @@ class Pins:
         """The JSON Patch that makes the merge patch ``merge`` (its ``metadata.labels``,
         ``metadata.annotations`` and ``spec``; a ``metadata.resourceVersion`` is dropped) on a
         node holding these pins, preceded by the pins' tests; None when ``merge`` writes
-        anything else (no pin covers it) or has a value :func:`encode` cannot write."""
+        anything else (no pin covers it), or when it or the pins have a value :func:`encode`
+        cannot write (the resourceVersion serves then)."""
         meta = dict(merge.get("metadata") or {})
         meta.pop("resourceVersion", None)
         if set(meta) - set(_PINNED_METADATA) or set(merge) - {"metadata", "spec"}:
             return None
-        ops: list[JSON] = []
+        ops = self.tests()
         target = {"labels": self.labels, "annotations": self.annotations}
         _ops(target, meta, "/metadata", ops)
         if "spec" in merge:
             _ops({"spec": self.spec}, {"spec": merge["spec"]}, "", ops)
         try:
-            written = encode(ops)
+            return encode(ops)
         except ValueError:
             return None
-        return b"[" + self.tests + (b"," + written[1:] if ops else b"]")
 
 
 def _ops(target: Mapping[str, Any], patch: Mapping[str, Any], path: str, out: list[JSON]) -> None:
@@ -168,17 +192,12 @@ def pointer(key: str) -> str:
 def of(node: Mapping[str, Any], *, status: bool) -> Pins | None:
     """The pins of a decision taken on ``node``: its labels, annotations and spec, and with
     ``status`` its Ready condition's status and boot ID. None when they cannot be pinned
-    exactly: the cache trimmed the node's annotations, ``status`` and the node has no
-    single Ready condition, or a value :func:`encode` cannot write."""
+    exactly: the cache trimmed the node's annotations, or ``status`` and the node has no
+    single Ready condition. (A value :func:`encode` cannot write gives the pins no JSON
+    Patch: :meth:`Pins.json_patch`.)"""
     if node.get(TRIMMED):
         return None
     meta = node.get("metadata") or {}
-    labels, annotations, spec = meta.get("labels"), meta.get("annotations"), node.get("spec")
-    tests: list[JSON] = [
-        {"op": "test", "path": "/metadata/labels", "value": labels},
-        {"op": "test", "path": "/metadata/annotations", "value": annotations},
-        {"op": "test", "path": "/spec", "value": spec},
-    ]
     ready: tuple[int, str] | None = None
     boot_id: str | None = None
     if status:
@@ -192,22 +211,11 @@ def of(node: Mapping[str, Any], *, status: bool) -> Pins | None:
             return None
         ready = found[0]
         boot_id = str((node_status.get("nodeInfo") or {}).get("bootID") or "")
-        at = f"/status/conditions/{ready[0]}"
-        tests += [
-            {"op": "test", "path": f"{at}/type", "value": "Ready"},
-            {"op": "test", "path": f"{at}/status", "value": ready[1]},
-            {"op": "test", "path": "/status/nodeInfo/bootID", "value": boot_id},
-        ]
-    try:
-        encoded = encode(tests)
-    except ValueError:
-        return None
     return Pins(
         resource_version=str(meta.get("resourceVersion") or ""),
-        labels=labels,
-        annotations=annotations,
-        spec=spec,
+        labels=meta.get("labels"),
+        annotations=meta.get("annotations"),
+        spec=node.get("spec"),
         ready=ready,
         boot_id=boot_id,
-        tests=encoded[1:-1],
     )

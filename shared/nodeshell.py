@@ -209,10 +209,10 @@ async def apply(
     if decision.observed is not None:
         version = decision.observed_version or _version(decision.observed)
         pins = nodepins.of(decision.observed, status=decision.reads_status)
-    # A node that changed since the decision (the cache moved on while the shell read or
-    # waited) is not sent the write the API server would refuse: decided again at once.
-    stale = not pins.holds(cached) if pins is not None else version != current
     if decision.patches_node:
+        # A node that changed since the decision (the cache moved on while the shell read or
+        # waited) is not sent the write the API server would refuse: decided again at once.
+        stale = not pins.holds(cached) if pins is not None else version != current
         body = node_patch(decision, version, unpublished, had_outbox=bool(held))
         if stale or not await nodes.patch(decision.node, body, pins):
             _log.info("Skipped stale Node write", extra=where)
