@@ -123,19 +123,16 @@ class NodeDecision:
     it in its pod): deterministic, so any pass may send them again; the pod, if among
     :attr:`delete`, is deleted only once the stream holds them (the pod is what says them)."""
     requeue_after: float | None = None
-    observed_version: str = ""
-    """The resourceVersion of the node the decision was taken on: the write's precondition.
-    Not the cache's when the write is made: the cache may have moved on while the shell
-    awaited something (the executor's metadata ConfigMap, the drainer's evictions), and a
-    decision taken on the old node would land with the new version (two executor replicas
-    each started the same stage under a name of its own). Empty: the cache's at the write
-    (for decisions that read nothing of the node)."""
     observed: JSON | None = None
-    """The node the decision was taken on, as the cache held it. Given, the write's
-    precondition is what the decision read of it (``shared.nodepins``: its labels,
-    annotations and spec, and with :attr:`reads_status` whether it is Ready and its boot
-    ID), not its resourceVersion, which every status write moves (:attr:`observed_version`
-    defaults to its resourceVersion, for a node that cannot be pinned)."""
+    """The node the decision was taken on, as the cache held it: the write's precondition
+    is what the decision read of it (``shared.nodepins``: its labels, annotations and spec,
+    and with :attr:`reads_status` whether it is Ready and its boot ID), not its
+    resourceVersion, which every status write moves; a node that cannot be pinned gives its
+    resourceVersion. Not the cache's node when the write is made: the cache may have moved
+    on while the shell awaited something (the executor's metadata ConfigMap, the drainer's
+    evictions), and a decision taken on the old node would land on the new one (two
+    executor replicas each started the same stage under a name of its own). None: the
+    cache's node at the write (for decisions that read nothing of the node)."""
     reads_status: bool = True
     """The decision read the node's Ready condition or boot ID (see :attr:`observed`)."""
 

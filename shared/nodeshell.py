@@ -204,11 +204,11 @@ async def apply(
     held = outbox.pending(cached, decision.owner, decision.cr)
     unpublished = tuple(e for e in held if not bus.delivered(e))
     current = str(cached["metadata"]["resourceVersion"])
-    version = decision.observed_version or current
     pins = None
+    version = current
     if decision.observed is not None:
-        version = decision.observed_version or _version(decision.observed)
         pins = nodepins.of(decision.observed, status=decision.reads_status)
+        version = str(decision.observed["metadata"]["resourceVersion"])
     if decision.patches_node:
         # A node that changed since the decision (the cache moved on while the shell read or
         # waited) is not sent the write the API server would refuse: decided again at once.
@@ -448,10 +448,6 @@ def pod_refs(pods: Informer, namespace: str, names: Iterable[str]) -> tuple[PodR
         cached = pods.get(f"{namespace}/{name}")
         out.append(PodRef.of(cached) if cached is not None else PodRef(name=name))
     return tuple(out)
-
-
-def _version(node: JSON) -> str:
-    return str((node.get("metadata") or {}).get("resourceVersion") or "")
 
 
 def _sooner(a: float | None, b: float) -> float:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from services.drainer import core as drainer_core
-from shared import events, nodeshell, nodestate, outbox
+from shared import events, nodepins, nodeshell, nodestate, outbox
 from shared.decisions import Keep, NodeDecision, PodRef, Remove, Write
 from shared.records.drainer import DrainRecord
 from shared.records.executor import ExecutorRecord
@@ -200,13 +200,21 @@ async def test_a_node_that_changed_meanwhile_gets_nothing_created_or_published()
     assert (objects.created, bus.published) == ([], [])
 
 
+def _unpinnable(nodes: FakeNodes) -> dict[str, Any]:
+    """n1 as ``nodes`` hold it now, as a cache that trimmed its annotations holds it: only
+    its resourceVersion can be the precondition (``shared.nodepins``)."""
+    node = nodes.get("n1")
+    assert node is not None
+    node[nodepins.TRIMMED] = True
+    return node
+
+
 async def test_a_decision_on_a_node_that_changed_since_writes_and_creates_nothing() -> None:
     """Two executor replicas each started the same stage under a name of its own: one
     decided on the node without the other's record, and by the time its shell wrote, its
     cache held the other's write, whose version its patch carried. The precondition is the
     version decided on."""
     nodes = _nodes()
-    decided_on = str(nodes.nodes["n1"]["metadata"]["resourceVersion"])
     decision = NodeDecision(
         owner=nodestate.EXECUTOR,
         cr=CR,
@@ -215,7 +223,7 @@ async def test_a_decision_on_a_node_that_changed_since_writes_and_creates_nothin
         fence=True,
         create=(_pod("apply"),),
         events=(_event(1),),
-        observed_version=decided_on,
+        observed=_unpinnable(nodes),
     )
 
     nodes.touch("n1")  # the other replica's write, in the cache after the decision
@@ -224,8 +232,7 @@ async def test_a_decision_on_a_node_that_changed_since_writes_and_creates_nothin
     assert nodes.patches == [], "no write carrying the newer version"
     assert (objects.created, bus.published) == ([], [])
     # On the node as it is now, the same decision goes through.
-    now = str(nodes.nodes["n1"]["metadata"]["resourceVersion"])
-    got, objects, _ = await _apply(replace(decision, observed_version=now), nodes)
+    got, objects, _ = await _apply(replace(decision, observed=_unpinnable(nodes)), nodes)
     assert objects.created == ["Pod/apply"]
 
 
@@ -233,15 +240,13 @@ async def test_pods_are_created_only_on_a_node_read_unchanged_when_nothing_is_wr
     """Issue 15: the fence of a decision that writes nothing is a read of the node's
     resourceVersion, not a precondition-only PATCH every node watcher is sent."""
     nodes = _nodes()
-    decided_on = str(nodes.nodes["n1"]["metadata"]["resourceVersion"])
-    decision = replace(_pod_start(nodes)[0], observed=None, observed_version=decided_on)
+    decision = replace(_pod_start(nodes)[0], observed=_unpinnable(nodes))
     nodes.touch("n1")  # another replica recorded something after this decision was taken
     got, objects, _ = await _apply(decision, nodes)
     assert got == nodeshell.STALE_RETRY_S
     assert objects.created == [], "a stale decision creates nothing"
     assert nodes.confirms == [("n1", False)]
-    now = str(nodes.nodes["n1"]["metadata"]["resourceVersion"])
-    _, objects, _ = await _apply(replace(decision, observed_version=now), nodes)
+    _, objects, _ = await _apply(replace(decision, observed=_unpinnable(nodes)), nodes)
     assert nodes.patches == [], "no write at all"
     assert nodes.confirms[1:] == [("n1", True)]
     assert objects.created == ["Pod/apply"]
