@@ -158,9 +158,12 @@ def shared_caps(
     """The budgets ``cr`` shares with other NodeWrights, with the distinct nodes holding
     them now: the cluster budget (every NodeWright) and the policy's sharedBudget (the
     NodeWrights referencing the policy; a percent is of the union of their target nodes)."""
+    limit = fleet.settings.cluster_budget
+    shared_budget = policy.spec.shared_budget if policy is not None else None
+    if limit is None and shared_budget is None:
+        return ()  # no budget shared: no scan of every node's holders
     held = _holders(fleet)
     caps: list[kernel.SharedCap] = []
-    limit = fleet.settings.cluster_budget
     if limit is not None:
         everyone: dict[str, str] = {}
         for owner in sorted(held):
@@ -174,7 +177,7 @@ def shared_caps(
                 holders=everyone,
             )
         )
-    if policy is not None and policy.spec.shared_budget is not None:
+    if policy is not None and shared_budget is not None:
         peers = [o for o in fleet.crs if o.spec.deployment_policy == policy.metadata.name]
         scope = {
             str(n["metadata"]["name"])
@@ -190,7 +193,7 @@ def shared_caps(
             kernel.SharedCap(
                 name=f"sharedBudget of DeploymentPolicy {policy.metadata.name}",
                 code=reasons.SHARED_BUDGET_EXHAUSTED,
-                limit=rules.budget_nodes(policy.spec.shared_budget, len(scope)),
+                limit=rules.budget_nodes(shared_budget, len(scope)),
                 holders=theirs,
             )
         )

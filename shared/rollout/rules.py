@@ -228,9 +228,6 @@ def priority_waits(
     until it is done there; with ``all`` it holds back ``cr`` on every node until it is done
     on all its target nodes. A paused NodeWright still holds others back (it is not done).
     """
-    mine = [n for n in nodes if progress.selector_matches(cr.spec.node_selectors, _labels(n))]
-    if not mine:
-        return {}
     ahead = sorted(
         (
             o
@@ -241,6 +238,11 @@ def priority_waits(
         ),
         key=_order_key,
     )
+    if not ahead:
+        return {}  # the common case: no scan of every node
+    mine = [n for n in nodes if progress.selector_matches(cr.spec.node_selectors, _labels(n))]
+    if not mine:
+        return {}
     out: dict[str, str] = {}
     for other in ahead:
         name = other.metadata.name
