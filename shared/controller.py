@@ -6,7 +6,8 @@ lost, duplicated or reordered event can never leave work undone:
 - informers (list+watch caches of Nodes, NodeWrights, pods ...) map each change to keys;
 - JetStream consumers map each event to keys and ack only after a reconcile of those keys
   that started after the event arrived has finished (the side effect happened);
-- a periodic resync enqueues every key the service is responsible for.
+- a periodic resync enqueues every key the service is responsible for, in the queue's low
+  lane: it recovers what was missed without delaying what just changed.
 
 The service supplies ``reconcile(key) -> requeue_after | None`` (the thin shell around its
 pure core) and the key mappings. Keys are ``(cr, node)`` pairs for per-node work.
@@ -33,7 +34,7 @@ from shared.informer import (
 from shared.kube import JSON, ApiError, Kube, path_of
 from shared.rollout.book import BATCHES_ANNOTATION
 from shared.runtime import ServiceContext
-from shared.workqueue import WorkQueue
+from shared.workqueue import QueueMetrics, WorkQueue
 
 K = TypeVar("K", bound=Hashable)
 
@@ -56,7 +57,7 @@ class Controller(Generic[K]):
     consumers: list[streaming.Consumer] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.queue = WorkQueue(self.name)
+        self.queue = WorkQueue(self.name, metrics=QueueMetrics.make(self.ctx.registry))
 
     def watch(
         self,
@@ -162,7 +163,7 @@ class Controller(Generic[K]):
         interval = self.ctx.settings.resync_interval_s
         while True:
             for key in self.all_keys():
-                self.queue.add(key)
+                self.queue.add(key, low=True)
             # Jittered: replicas started together (a rollout of the Deployment) must not
             # resync in lockstep.
             await asyncio.sleep(interval * random.uniform(0.9, 1.1))

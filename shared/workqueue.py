@@ -4,12 +4,20 @@
   does nothing, and adding one that is being processed marks it to run once more afterwards.
   So a burst of events about one node becomes one or two reconciles, never a parallel pair.
 - ``add(key, after=s)`` schedules a later run (RequeueAfter); the earliest requested time wins.
+- ``add(key, low=True)`` queues a key in the low-priority lane, taken only when no other key
+  waits: the periodic resync, which re-queues every key a service owns to recover a lost
+  event, must not put a node that just changed behind thousands that did not (at 10,000
+  nodes a resync is 10,000 keys). A key queued low that is then added normally moves to the
+  normal lane; one added low while queued or running is left alone (the run reads the
+  cache as it is then). controller-runtime's priority queue does the same for its resyncs.
 - A reconcile that raises is retried with per-key exponential backoff (capped); a success
   resets the backoff. A transient API error (``shared.kube.ApiError.transient``: a slow or
   absent API server) is expected: no traceback, and a short, jittered cap.
 - ``reconcile_now(key)`` queues the key and waits until a reconcile of it that *started after
   the call* has finished, returning whether it succeeded: event consumers use it to ack a
   message only after the side effect happened.
+- :class:`QueueMetrics` exposes what client-go's workqueue metrics do: depth, adds, time
+  waiting in the queue, time working, retries, by queue (the service) and lane.
 - :func:`rest_after` paces a reconciler whose every run reads a whole fleet: how long its
   next run waits so that it keeps to a share of the time.
 
@@ -24,10 +32,14 @@ import heapq
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Final, Generic, TypeVar
+from typing import Final, Generic, Literal, TypeVar
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from shared import collectors
 from shared.kube import ApiError
 
 K = TypeVar("K", bound=Hashable)
@@ -41,6 +53,67 @@ Reconcile = Callable[[K], Awaitable[float | None]]
 """Returns seconds until the key should be looked at again, or None."""
 
 
+Lane = Literal["normal", "low"]
+
+WAIT_BUCKETS: Final = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+"""Seconds a key waits or works: milliseconds when idle, seconds when a wave of a large
+fleet's nodes changes at once, minutes only when something is wrong."""
+
+
+@dataclass(frozen=True)
+class QueueMetrics:
+    """The work queues' metrics, one set per registry (services sharing a process share
+    it; the ``name`` label is the queue's, which is its service's)."""
+
+    depth: Gauge
+    adds: Counter
+    queue_seconds: Histogram
+    work_seconds: Histogram
+    retries: Counter
+
+    @classmethod
+    def make(cls, registry: CollectorRegistry | None) -> QueueMetrics:
+        return collectors.once(registry, "nodewright_workqueue", lambda: cls._new(registry))
+
+    @classmethod
+    def _new(cls, registry: CollectorRegistry | None) -> QueueMetrics:
+        lanes = ["name", "priority"]
+        return cls(
+            depth=Gauge(
+                "nodewright_workqueue_depth",
+                "Keys waiting for a worker, by queue and lane",
+                lanes,
+                registry=registry,
+            ),
+            adds=Counter(
+                "nodewright_workqueue_adds",
+                "Keys queued (not counting a key already waiting), by queue and lane",
+                lanes,
+                registry=registry,
+            ),
+            queue_seconds=Histogram(
+                "nodewright_workqueue_queue_duration_seconds",
+                "How long a key waited for a worker, by queue and lane",
+                lanes,
+                buckets=WAIT_BUCKETS,
+                registry=registry,
+            ),
+            work_seconds=Histogram(
+                "nodewright_workqueue_work_duration_seconds",
+                "How long a reconcile took, by queue",
+                ["name"],
+                buckets=WAIT_BUCKETS,
+                registry=registry,
+            ),
+            retries=Counter(
+                "nodewright_workqueue_retries",
+                "Reconciles that failed and were queued again after a backoff, by queue",
+                ["name"],
+                registry=registry,
+            ),
+        )
+
+
 @dataclass
 class _Waiter:
     future: asyncio.Future[bool]
@@ -52,8 +125,13 @@ class WorkQueue(Generic[K]):
     name: str
     base_backoff_s: float = 0.5
     max_backoff_s: float = 60.0
-    _ready: asyncio.Queue[K] = field(default_factory=asyncio.Queue)
-    _queued: set[K] = field(default_factory=set)
+    metrics: QueueMetrics | None = None
+    _ready: deque[K] = field(default_factory=deque)
+    _ready_low: deque[K] = field(default_factory=deque)
+    """Keys of the low lane; a key moved to the normal lane stays here and is skipped."""
+    _queued: dict[K, tuple[Lane, float]] = field(default_factory=dict)
+    """Each waiting key's lane and when it was queued."""
+    _has_work: asyncio.Event = field(default_factory=asyncio.Event)
     _active: set[K] = field(default_factory=set)
     _dirty: set[K] = field(default_factory=set)
     _timers: list[tuple[float, int, K]] = field(default_factory=list)
@@ -65,22 +143,59 @@ class WorkQueue(Generic[K]):
     _closing: bool = False
     _working: set[asyncio.Task[None]] = field(default_factory=set)
 
-    def add(self, key: K, *, after: float = 0.0) -> None:
+    def add(self, key: K, *, after: float = 0.0, low: bool = False) -> None:
         if after > 0:
             self._timer_seq += 1
             heapq.heappush(self._timers, (time.monotonic() + after, self._timer_seq, key))
             self._timer_wakeup.set()
             return
         if key in self._active:
-            self._dirty.add(key)
+            if not low:
+                self._dirty.add(key)
             return
-        if key in self._queued:
-            return
-        self._queued.add(key)
-        self._ready.put_nowait(key)
+        queued = self._queued.get(key)
+        if queued is not None:
+            if low or queued[0] == "normal":
+                return
+            self._count_depth("low", -1)  # promoted: its entry in the low lane is skipped
+        lane: Lane = "low" if low else "normal"
+        self._queued[key] = (lane, time.monotonic() if queued is None else queued[1])
+        (self._ready_low if low else self._ready).append(key)
+        self._count_depth(lane, 1)
+        if self.metrics is not None:
+            self.metrics.adds.labels(self.name, lane).inc()
+        self._has_work.set()
 
     def __len__(self) -> int:
         return len(self._queued) + len(self._active)
+
+    def _count_depth(self, lane: Lane, change: int) -> None:
+        if self.metrics is not None:
+            self.metrics.depth.labels(self.name, lane).inc(change)
+
+    async def _next(self) -> K:
+        """The next key to work on: the normal lane first, then the low one."""
+        while True:
+            if self._ready:
+                key = self._ready.popleft()
+                lane: Lane = "normal"
+            elif self._ready_low:
+                key = self._ready_low.popleft()
+                lane = "low"
+            else:
+                self._has_work.clear()
+                await self._has_work.wait()
+                continue
+            queued = self._queued.get(key)
+            if queued is None or queued[0] != lane:
+                continue  # an entry left behind in the low lane by a promotion
+            del self._queued[key]
+            self._count_depth(lane, -1)
+            if self.metrics is not None:
+                self.metrics.queue_seconds.labels(self.name, lane).observe(
+                    time.monotonic() - queued[1]
+                )
+            return key
 
     async def reconcile_now(self, key: K) -> bool:
         """Queue ``key`` and wait for a reconcile that starts after now; True if it succeeded,
@@ -159,10 +274,10 @@ class WorkQueue(Generic[K]):
         me = asyncio.current_task()
         assert me is not None
         while not self._closing:
-            key = await self._ready.get()
+            key = await self._next()
             self._working.add(me)
-            self._queued.discard(key)
             self._active.add(key)
+            began = time.monotonic()
             round_no = self._rounds.get(key, 0) + 1
             self._rounds[key] = round_no
             ok = False
@@ -177,6 +292,8 @@ class WorkQueue(Generic[K]):
             except Exception as exc:
                 failures = self._failures.get(key, 0) + 1
                 self._failures[key] = failures
+                if self.metrics is not None:
+                    self.metrics.retries.labels(self.name).inc()
                 if isinstance(exc, ApiError) and exc.transient:
                     # A slow or absent API server: expected, logged once by kube.Outage;
                     # retried soon (jittered), so work resumes within seconds of its return.
@@ -194,6 +311,8 @@ class WorkQueue(Generic[K]):
                     )
                 self.add(key, after=delay)
             finally:
+                if self.metrics is not None:
+                    self.metrics.work_seconds.labels(self.name).observe(time.monotonic() - began)
                 self._working.discard(me)
                 self._active.discard(key)
                 self._wake_waiters(key, round_no, ok)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from shared.workqueue import WorkQueue
+from prometheus_client import CollectorRegistry
+
+from shared.workqueue import QueueMetrics, WorkQueue
 
 
 async def _running(
@@ -143,3 +145,93 @@ async def test_a_waiter_whose_key_cannot_run_any_more_is_answered_false_when_the
     assert await asyncio.wait_for(behind, timeout=1) is False
     assert ran == ["a"]
     assert await queue.reconcile_now("c") is False, "a stopped queue answers at once"
+
+
+async def test_a_resync_key_waits_until_no_changed_key_does() -> None:
+    """The periodic resync queues every key in the low lane: a node that changed meanwhile
+    runs before the thousands that did not, whatever the order they were queued in."""
+    queue: WorkQueue[str] = WorkQueue("t")
+    order: list[str] = []
+    all_ran = asyncio.Event()
+
+    async def reconcile(key: str) -> None:
+        order.append(key)
+        if len(order) == 4:
+            all_ran.set()
+
+    for key in ("r1", "r2", "r3"):
+        queue.add(key, low=True)
+    queue.add("changed")
+    queue.add("r2")  # the informer saw r2 change: it leaves the low lane
+    queue.add("r2", low=True)  # and a later resync does not put it back
+    task = await _running(queue, reconcile, workers=1)
+    await asyncio.wait_for(all_ran.wait(), 5)
+    await _idle()
+    await _stop(task)
+    assert order == ["changed", "r2", "r1", "r3"], "each key once, the changed ones first"
+    assert len(queue) == 0
+
+
+async def test_a_resync_does_not_make_a_running_key_run_again() -> None:
+    queue: WorkQueue[str] = WorkQueue("t")
+    gate = asyncio.Event()
+    started = asyncio.Event()
+    runs: Counter[str] = Counter()
+
+    async def reconcile(key: str) -> None:
+        runs[key] += 1
+        started.set()
+        await gate.wait()
+
+    task = await _running(queue, reconcile)
+    queue.add("k")
+    await started.wait()
+    queue.add("k", low=True)  # the run in progress reads the cache as it is now
+    gate.set()
+    await _idle()
+    assert runs == Counter({"k": 1})
+    queue.add("k", low=True)  # idle: the resync runs it
+    assert await queue.reconcile_now("k") is True
+    await _stop(task)
+    assert runs == Counter({"k": 2}), "the waiter's add joined the queued resync run"
+
+
+def _sample(registry: CollectorRegistry, metric: str, **labels: str) -> float:
+    value = registry.get_sample_value(metric, labels)
+    return 0.0 if value is None else value
+
+
+async def test_the_queue_counts_adds_depth_waits_work_and_retries_by_lane() -> None:
+    registry = CollectorRegistry()
+    queue: WorkQueue[str] = WorkQueue(
+        "svc", base_backoff_s=0.01, metrics=QueueMetrics.make(registry)
+    )
+    failed = False
+
+    async def reconcile(key: str) -> None:
+        nonlocal failed
+        if key == "flaky" and not failed:
+            failed = True
+            raise RuntimeError("temporary")
+
+    queue.add("a", low=True)
+    queue.add("b", low=True)
+    queue.add("b")
+    queue.add("c")
+    assert _sample(registry, "nodewright_workqueue_depth", name="svc", priority="low") == 1
+    assert _sample(registry, "nodewright_workqueue_depth", name="svc", priority="normal") == 2
+    assert _sample(registry, "nodewright_workqueue_adds_total", name="svc", priority="low") == 2
+    assert _sample(registry, "nodewright_workqueue_adds_total", name="svc", priority="normal") == 2
+    task = await _running(queue, reconcile)
+    await _idle()  # a, b and c ran
+    assert len(queue) == 0
+    assert await queue.reconcile_now("flaky") is False
+    assert await queue.reconcile_now("flaky") is True
+    await _stop(task)
+    for lane in ("low", "normal"):
+        assert _sample(registry, "nodewright_workqueue_depth", name="svc", priority=lane) == 0
+    waited = "nodewright_workqueue_queue_duration_seconds_count"
+    assert _sample(registry, waited, name="svc", priority="low") == 1  # a
+    assert _sample(registry, waited, name="svc", priority="normal") == 4  # b, c, flaky twice
+    assert _sample(registry, "nodewright_workqueue_work_duration_seconds_count", name="svc") == 5
+    assert _sample(registry, "nodewright_workqueue_retries_total", name="svc") == 1
