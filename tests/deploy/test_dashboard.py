@@ -151,7 +151,15 @@ def test_every_query_selects_only_metrics_the_services_export(
         "nodewright_kube_requests_total",
         *_series("nodewright_stage_duration_seconds", "histogram"),
         *_series("nodewright_drain_duration_seconds", "histogram"),
+        "nodewright_workqueue_depth",
+        "nodewright_workqueue_adds_total",
+        "nodewright_workqueue_retries_total",
+        *_series("nodewright_workqueue_queue_duration_seconds", "histogram"),
+        *_series("nodewright_workqueue_work_duration_seconds", "histogram"),
     }
+    # Every service's work queue is seen.
+    for name, names in exported.items():
+        assert "nodewright_workqueue_depth" in names, name
     # Every service exports the standard process metrics.
     for name, names in exported.items():
         assert {"process_cpu_seconds_total", "process_resident_memory_bytes"} <= names, name
