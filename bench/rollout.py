@@ -33,6 +33,9 @@ Prints one JSON object:
   package, to its stage pod, the pod's start and run, its end to the
   uncordon, the uncordon to the release) and between one batch's last release and the next
   batch's first admission;
+- ``work_queues``: per service's work queue (``shared.workqueue``), during the rollout: keys
+  queued per lane (``normal``: a change or an event; ``low``: the periodic resync), their
+  mean wait for a worker, the reconciles, their CPU-and-wait seconds and the retries;
 - ``consumer_backlog_at_ready`` and ``backlog_cleared_after_s``: every durable consumer's
   pending plus unacknowledged messages when the CR turned Ready, and how long until none;
 - ``status_condition_changes``: the status service's node condition as the node watch saw
@@ -69,6 +72,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+from prometheus_client.parser import text_string_to_metric_families
 
 from nodewright import manifests
 from nodewright.rig import Rig, nodes
@@ -126,6 +130,54 @@ def service_requests(fleet: Fleet, *, by_code: bool = False) -> dict[str, Counte
                     labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group("labels")))
                     key = labels["code"] if by_code else f"{labels['verb']} {labels['resource']}"
                     counts[key] += int(float(m.group("value")))
+    return out
+
+
+QueueSamples = dict[tuple[str, str, str], float]
+"""(sample name, queue name, lane or "") -> value."""
+
+
+def work_queues(fleet: Fleet) -> QueueSamples:
+    """Every replica's ``nodewright_workqueue_*`` samples summed."""
+    out: QueueSamples = {}
+    for r in replicas(fleet):
+        url = f"http://127.0.0.1:{r.health_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            for key, value in queue_samples(resp.read().decode()).items():
+                out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def queue_samples(text: str) -> QueueSamples:
+    """The ``nodewright_workqueue_*`` samples of one /metrics page, without buckets."""
+    out: QueueSamples = {}
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith("nodewright_workqueue_"):
+            continue
+        for sample in family.samples:
+            if not sample.name.endswith(("_bucket", "_created")):
+                key = (sample.name, sample.labels["name"], sample.labels.get("priority", ""))
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+def queue_figures(before: QueueSamples, after: QueueSamples) -> Any:
+    """``work_queues`` of the JSON: per queue, what happened between the two readings."""
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    out: dict[str, dict[str, Any]] = {}
+    for (sample, name, lane), value in sorted(delta.items()):
+        q = out.setdefault(name, {"adds": {}, "wait_mean_s": {}})
+        if sample == "nodewright_workqueue_adds_total":
+            q["adds"][lane] = int(value)
+        elif sample == "nodewright_workqueue_queue_duration_seconds_count" and value:
+            waited = delta.get(("nodewright_workqueue_queue_duration_seconds_sum", name, lane), 0)
+            q["wait_mean_s"][lane] = round(waited / value, 4)
+        elif sample == "nodewright_workqueue_work_duration_seconds_count":
+            q["reconciles"] = int(value)
+        elif sample == "nodewright_workqueue_work_duration_seconds_sum":
+            q["work_s"] = round(value, 2)
+        elif sample == "nodewright_workqueue_retries_total":
+            q["retries"] = int(value)
     return out
 
 
@@ -402,6 +454,7 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
         before_api = api_requests(rig)
         before_own = service_requests(fleet)
         before_codes = service_requests(fleet, by_code=True)
+        before_queues = work_queues(fleet)
         before_cpu = cpu_by_service(fleet)
         before_rig_cpu = cpu_by_component(rig)
         before_events = await stream_messages(rig.endpoints.nats_url)
@@ -432,6 +485,7 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
         after_api = api_requests(rig)
         after_own = service_requests(fleet)
         after_codes = service_requests(fleet, by_code=True)
+        after_queues = work_queues(fleet)
         after_cpu = cpu_by_service(fleet)
         after_events = await stream_messages(rig.endpoints.nats_url)
         backlog_at_ready = await consumer_backlog(rig.endpoints.nats_url)
@@ -512,6 +566,7 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
             "release_lag": percentiles(timeline.release_lags()),
             "per_step": timeline.phases(),
         },
+        "work_queues": queue_figures(before_queues, after_queues),
         "consumer_backlog_at_ready": backlog_at_ready,
         "backlog_cleared_after_s": cleared_after,
         "status_condition_changes": dict(timeline.condition_changes.most_common()),

@@ -1,0 +1,38 @@
+"""``bench.rollout``'s work-queue figures: what a service's queue did between two readings
+of its metrics (the figures themselves are judged by running the benchmark)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from bench.rollout import QueueSamples, queue_figures, queue_samples
+from shared.workqueue import QueueMetrics
+
+
+def _read(registry: CollectorRegistry) -> QueueSamples:
+    """What ``bench.rollout.work_queues`` reads from one replica's /metrics."""
+    return queue_samples(generate_latest(registry).decode())
+
+
+def test_the_figures_are_the_difference_between_two_readings() -> None:
+    registry = CollectorRegistry()
+    m = QueueMetrics.make(registry)
+    m.adds.labels("executor", "normal").inc(5)
+    m.queue_seconds.labels("executor", "normal").observe(1.0)
+    before = _read(registry)
+    m.adds.labels("executor", "normal").inc(2)
+    m.adds.labels("executor", "low").inc(10)
+    m.queue_seconds.labels("executor", "normal").observe(0.5)
+    m.queue_seconds.labels("executor", "normal").observe(0.25)
+    m.queue_seconds.labels("executor", "low").observe(3.0)
+    m.work_seconds.labels("executor").observe(0.25)
+    m.retries.labels("executor").inc()
+    assert queue_figures(before, _read(registry)) == {
+        "executor": {
+            "adds": {"normal": 2, "low": 10},
+            "wait_mean_s": {"normal": 0.375, "low": 3.0},
+            "reconciles": 1,
+            "work_s": 0.25,
+            "retries": 1,
+        }
+    }
