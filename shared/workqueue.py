@@ -131,7 +131,10 @@ class WorkQueue(Generic[K]):
     """Keys of the low lane; a key moved to the normal lane stays here and is skipped."""
     _queued: dict[K, tuple[Lane, float]] = field(default_factory=dict)
     """Each waiting key's lane and when it was queued."""
-    _has_work: asyncio.Event = field(default_factory=asyncio.Event)
+    _waiting: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(0))
+    """One unit per key in ``_queued``: a key queued wakes one idle worker, not all of them
+    (16 tasks woken per key, 15 to find nothing, cost a tenth of a 10,000-node rollout's
+    CPU)."""
     _active: set[K] = field(default_factory=set)
     _dirty: set[K] = field(default_factory=set)
     _timers: list[tuple[float, int, K]] = field(default_factory=list)
@@ -164,7 +167,8 @@ class WorkQueue(Generic[K]):
         self._count_depth(lane, 1)
         if self.metrics is not None:
             self.metrics.adds.labels(self.name, lane).inc()
-        self._has_work.set()
+        if queued is None:
+            self._waiting.release()
 
     def __len__(self) -> int:
         return len(self._queued) + len(self._active)
@@ -175,17 +179,16 @@ class WorkQueue(Generic[K]):
 
     async def _next(self) -> K:
         """The next key to work on: the normal lane first, then the low one."""
+        await self._waiting.acquire()
+        # A unit is a key in _queued, so one of the lanes holds it (and nothing can take it
+        # before this returns: no await below).
         while True:
             if self._ready:
                 key = self._ready.popleft()
                 lane: Lane = "normal"
-            elif self._ready_low:
+            else:
                 key = self._ready_low.popleft()
                 lane = "low"
-            else:
-                self._has_work.clear()
-                await self._has_work.wait()
-                continue
             queued = self._queued.get(key)
             if queued is None or queued[0] != lane:
                 continue  # an entry left behind in the low lane by a promotion
