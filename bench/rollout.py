@@ -35,7 +35,8 @@ Prints one JSON object:
   batch's first admission;
 - ``work_queues``: per service's work queue (``shared.workqueue``), during the rollout: keys
   queued per lane (``normal``: a change or an event; ``low``: the periodic resync), their
-  mean wait for a worker, the reconciles, their CPU-and-wait seconds and the retries;
+  mean wait for a worker, the reconciles, the seconds they took (waits included) and the
+  retries;
 - ``consumer_backlog_at_ready`` and ``backlog_cleared_after_s``: every durable consumer's
   pending plus unacknowledged messages when the CR turned Ready, and how long until none;
 - ``status_condition_changes``: the status service's node condition as the node watch saw
@@ -114,6 +115,14 @@ _OWN_METRIC = re.compile(
 )
 
 
+def metrics_page(replica: Replica) -> str:
+    """The replica's /metrics, as Prometheus would scrape it."""
+    url = f"http://127.0.0.1:{replica.health_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text: str = resp.read().decode()
+    return text
+
+
 def service_requests(fleet: Fleet, *, by_code: bool = False) -> dict[str, Counter[str]]:
     """Per service, its requests by "VERB resource" (with ``by_code``: by HTTP code), every
     replica's /metrics summed."""
@@ -121,10 +130,7 @@ def service_requests(fleet: Fleet, *, by_code: bool = False) -> dict[str, Counte
     for service, replicas in fleet.replicas.items():
         counts = out.setdefault(service, Counter())
         for r in replicas:
-            url = f"http://127.0.0.1:{r.health_port}/metrics"
-            with urllib.request.urlopen(url, timeout=10) as resp:
-                text = resp.read().decode()
-            for line in text.splitlines():
+            for line in metrics_page(r).splitlines():
                 m = _OWN_METRIC.match(line)
                 if m:
                     labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group("labels")))
@@ -141,10 +147,8 @@ def work_queues(fleet: Fleet) -> QueueSamples:
     """Every replica's ``nodewright_workqueue_*`` samples summed."""
     out: QueueSamples = {}
     for r in replicas(fleet):
-        url = f"http://127.0.0.1:{r.health_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            for key, value in queue_samples(resp.read().decode()).items():
-                out[key] = out.get(key, 0.0) + value
+        for key, value in queue_samples(metrics_page(r)).items():
+            out[key] = out.get(key, 0.0) + value
     return out
 
 
