@@ -303,7 +303,8 @@ class Faults:
         await asyncio.to_thread(self.fleet.start, service, wait=False)
 
     async def schedule(self) -> None:
-        """The one-off faults, spaced over the rollout's first minutes."""
+        """The one-off faults, spaced over about 205 s: a run that tests them all must last longer
+        (the schedule stops when the rollout is Ready)."""
         await asyncio.sleep(15)
         await self._nats_kill()
         await asyncio.sleep(15)
