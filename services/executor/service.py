@@ -190,13 +190,7 @@ class Executor:
             return None
         facts = progress.facts(raw_node, cr_name)
         # A stage pod is read as its stage; its check is the validator's to judge.
-        node_pods = [
-            part
-            for p in (self.pods.get(k) for k in self.pod_index.names(key))
-            if p is not None
-            for part in pods.parts(p)
-            if part.role != "check"
-        ]
+        node_pods = [part for part in self.pod_index.parts(key, self.pods.get) if part.role != "check"]
         decision = core.decide(
             cr=cr,
             node=facts,
