@@ -139,6 +139,9 @@ class WorkQueue(Generic[K]):
     _dirty: set[K] = field(default_factory=set)
     _timers: list[tuple[float, int, K]] = field(default_factory=list)
     _timer_seq: int = 0
+    _timer_at: dict[K, float] = field(default_factory=dict)
+    """Each key's one pending timer: when it fires. An entry of ``_timers`` that is not its
+    key's pending timer (an earlier one replaced it) is skipped."""
     _timer_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     _failures: dict[K, int] = field(default_factory=dict)
     _rounds: dict[K, int] = field(default_factory=dict)
@@ -148,8 +151,18 @@ class WorkQueue(Generic[K]):
 
     def add(self, key: K, *, after: float = 0.0, low: bool = False) -> None:
         if after > 0:
+            at = time.monotonic() + after
+            pending = self._timer_at.get(key)
+            if pending is not None and pending <= at:
+                # The earliest wins. A timer per request would echo: every pass of a
+                # reconciler that asks to be looked at again in a minute (the scheduler, the
+                # status service) made a pass a minute later, which asked again, so a
+                # rollout's rate of passes went on for ever at rest: 7 passes a second over
+                # 1,000 nodes (issue 15).
+                return
+            self._timer_at[key] = at
             self._timer_seq += 1
-            heapq.heappush(self._timers, (time.monotonic() + after, self._timer_seq, key))
+            heapq.heappush(self._timers, (at, self._timer_seq, key))
             self._timer_wakeup.set()
             return
         if key in self._active:
@@ -258,7 +271,10 @@ class WorkQueue(Generic[K]):
         while True:
             now = time.monotonic()
             while self._timers and self._timers[0][0] <= now:
-                _, _, key = heapq.heappop(self._timers)
+                at, _, key = heapq.heappop(self._timers)
+                if self._timer_at.get(key) != at:
+                    continue  # replaced by an earlier timer of the key, which already fired
+                del self._timer_at[key]
                 self.add(key)
             self._timer_wakeup.clear()
             timeout = self._timers[0][0] - now if self._timers else None

@@ -235,3 +235,40 @@ async def test_the_queue_counts_adds_depth_waits_work_and_retries_by_lane() -> N
     assert _sample(registry, waited, name="svc", priority="normal") == 4  # b, c, flaky twice
     assert _sample(registry, "nodewright_workqueue_work_duration_seconds_count", name="svc") == 5
     assert _sample(registry, "nodewright_workqueue_retries_total", name="svc") == 1
+
+
+async def test_a_key_has_one_pending_timer_the_earliest() -> None:
+    queue: WorkQueue[str] = WorkQueue("t")
+    runs: Counter[str] = Counter()
+
+    async def reconcile(key: str) -> None:
+        runs[key] += 1
+
+    task = await _running(queue, reconcile)
+    for after in (0.2, 0.05, 0.1):
+        queue.add("k", after=after)
+    await asyncio.sleep(0.3)
+    await _stop(task)
+    assert runs == Counter({"k": 1}), "three requeues of one key are one run, at the earliest"
+
+
+async def test_a_burst_of_runs_asking_to_run_again_does_not_echo() -> None:
+    """Five runs 10 ms apart, each asking to be looked at again in 50 ms, make one run every
+    50 ms afterwards, not five: a timer per request kept a rollout's rate of passes going
+    at rest."""
+    queue: WorkQueue[str] = WorkQueue("t")
+    runs = 0
+
+    async def reconcile(key: str) -> float:
+        nonlocal runs
+        runs += 1
+        return 0.05
+
+    task = await _running(queue, reconcile)
+    for _ in range(5):
+        assert await queue.reconcile_now("k") is True
+        await asyncio.sleep(0.01)
+    runs = 0
+    await asyncio.sleep(0.26)
+    await _stop(task)
+    assert 1 <= runs <= 7, runs  # about one per 50 ms; with a timer per request, about 25
