@@ -106,7 +106,9 @@ class ServiceSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=T
     graceful_timeout_s: Seconds = 20.0
     """Time in-flight handlers get after SIGTERM; below the pod's 30 s grace period."""
     resync_interval_s: Seconds = 60.0
-    """Full re-read of Kubernetes state, so a lost event delays work by at most this much."""
+    """Full re-read of Kubernetes state, so a lost event delays work by at most this much;
+    a key whose last reconcile left nothing to do and that nothing changed since is read
+    again every 10 intervals (``shared.controller.SETTLED_RESYNCS``)."""
     identity: str = ""
     """This replica's name (the pod name in-cluster); defaults to hostname-pid."""
     namespace: str = "nodewright-system"

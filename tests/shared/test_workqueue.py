@@ -237,6 +237,72 @@ async def test_the_queue_counts_adds_depth_waits_work_and_retries_by_lane() -> N
     assert _sample(registry, "nodewright_workqueue_retries_total", name="svc") == 1
 
 
+async def test_a_settled_key_is_left_out_of_resyncs_until_something_queues_it() -> None:
+    """A key whose last reconcile asked for nothing, queued by nothing since, is settled: a
+    resync (low lane) leaves it out for ``settled_s``; a change, an event or a requeue
+    unsettles it; a key that asked to be looked at again, or failed, is never settled."""
+    queue: WorkQueue[str] = WorkQueue("t", base_backoff_s=0.01, settled_s=3600.0)
+    runs: Counter[str] = Counter()
+    failed = False
+
+    async def reconcile(key: str) -> float | None:
+        nonlocal failed
+        runs[key] += 1
+        if key == "again":
+            return 3600.0  # a deadline: the resync must keep looking at it
+        if key == "flaky" and not failed:
+            failed = True
+            raise RuntimeError("temporary")
+        return None
+
+    task = await _running(queue, reconcile)
+    for key in ("settled", "again", "flaky"):
+        assert await queue.reconcile_now(key) is (key != "flaky")
+    assert await queue.reconcile_now("flaky") is True  # its retry, now settled
+    runs.clear()
+
+    for key in ("settled", "again", "flaky"):
+        queue.add(key, low=True)  # a resync
+    await _idle()
+    assert runs == Counter({"again": 1}), "only the key that asked to be looked at again"
+
+    queue.add("settled")  # its node changed: a normal add runs it, and unsettles it
+    await _idle()
+    queue.add("settled", low=True)
+    await _idle()
+    assert runs == Counter({"again": 1, "settled": 1}), "the change ran; it settled again"
+    await _stop(task)
+
+
+async def test_a_settled_key_is_resynced_again_after_settled_s() -> None:
+    queue: WorkQueue[str] = WorkQueue("t", settled_s=0.05)
+    runs: Counter[str] = Counter()
+
+    async def reconcile(key: str) -> None:
+        runs[key] += 1
+
+    task = await _running(queue, reconcile)
+    assert await queue.reconcile_now("k") is True
+    queue.add("k", low=True)
+    await _idle()
+    assert runs["k"] == 1
+    await asyncio.sleep(0.06)
+    queue.add("k", low=True)  # settled for longer than settled_s: the net runs it
+    await _idle()
+    assert runs["k"] == 2
+    await _stop(task)
+
+
+def test_retain_forgets_what_it_kept_of_keys_that_are_gone() -> None:
+    queue: WorkQueue[str] = WorkQueue("t", settled_s=3600.0)
+    queue._settled.update({"gone": 1.0, "here": 1.0})
+    queue._rounds.update({"gone": 3, "here": 2, "queued": 1})
+    queue.add("queued")
+    queue.retain({"here"})
+    assert set(queue._settled) == {"here"}
+    assert set(queue._rounds) == {"here", "queued"}
+
+
 async def test_a_key_has_one_pending_timer_the_earliest() -> None:
     queue: WorkQueue[str] = WorkQueue("t")
     runs: Counter[str] = Counter()
