@@ -42,6 +42,10 @@ Prints one JSON object:
 - ``status_condition_changes``: the status service's node condition as the node watch saw
   it change, counted per ``from -> to`` (state and reason code; ``-`` before the first),
   which says where its writes per node above one per state go;
+- ``at_rest`` (with ``--rest-s S``): the rollout done and every consumer caught up, what
+  the services cost over the next S seconds with nothing to do: CPU seconds per minute per
+  service and per rig component, reconciles per queue, and the services' API requests
+  (the periodic resyncs and the informers' replays are all there is to do);
 - ``load``: the machine's load averages at the start and at the end.
 
 ``--profile DIR`` records each service replica with py-spy (when installed) into DIR.
@@ -204,6 +208,32 @@ def _cpu_of(pid: int) -> float:
 def cpu_by_component(rig: Rig) -> dict[str, float]:
     """utime + stime so far of each rig component (the API server, etcd, kwok ...)."""
     return {name: _cpu_of(p.popen.pid) for name, p in sorted(rig.processes.items())}
+
+
+async def at_rest(rig: Rig, fleet: Fleet, seconds: float) -> dict[str, Any]:
+    """``at_rest`` of the JSON: what ``seconds`` with nothing to do cost."""
+    cpu, rig_cpu = cpu_by_service(fleet), cpu_by_component(rig)
+    queues, own = work_queues(fleet), service_requests(fleet)
+    await asyncio.sleep(seconds)
+    per_min = 60 / seconds
+    cpu_after, rig_after = cpu_by_service(fleet), cpu_by_component(rig)
+    own_after = service_requests(fleet)
+    return {
+        "seconds": seconds,
+        "cpu_s_per_min": {
+            s: round((v - cpu.get(s, 0.0)) * per_min, 2) for s, v in cpu_after.items()
+        },
+        "rig_cpu_s_per_min": {
+            c: round((v - rig_cpu.get(c, 0.0)) * per_min, 2) for c, v in rig_after.items()
+        },
+        "reconciles": {
+            name: q.get("reconciles", 0)
+            for name, q in queue_figures(queues, work_queues(fleet)).items()
+        },
+        "service_requests": {
+            s: dict((own_after[s] - own.get(s, Counter())).most_common(8)) for s in own_after
+        },
+    }
 
 
 def cpu_by_service(fleet: Fleet) -> dict[str, float]:
@@ -505,6 +535,7 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
         await asyncio.gather(watcher, pod_watcher, return_exceptions=True)
         listed = await kube.get(path_of(plural="nodes"), labelSelector="nodepool=gpu")
         assert len(listed["items"]) == args.nodes
+        rest = await at_rest(rig, fleet, args.rest_s) if args.rest_s > 0 else None
     budget = max(1, math.floor(args.nodes * args.budget_percent / 100))
     stage = parse_duration(args.stage_duration)
     minimum = math.ceil(args.nodes / budget) * 4 * stage
@@ -574,6 +605,7 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
         "consumer_backlog_at_ready": backlog_at_ready,
         "backlog_cleared_after_s": cleared_after,
         "status_condition_changes": dict(timeline.condition_changes.most_common()),
+        "at_rest": rest,
         "load": {"start": load_start, "end": load()},
         "measured_at": datetime.now().astimezone().isoformat(timespec="seconds"),
     }
@@ -589,6 +621,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stage-duration", default="1s")
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--profile", type=Path, default=None, metavar="DIR")
+    p.add_argument(
+        "--rest-s",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="after the rollout, measure S seconds at rest (at_rest in the JSON)",
+    )
     p.add_argument(
         "--together",
         action="store_true",
