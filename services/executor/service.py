@@ -190,7 +190,9 @@ class Executor:
             return None
         facts = progress.facts(raw_node, cr_name)
         # A stage pod is read as its stage; its check is the validator's to judge.
-        node_pods = [part for part in self.pod_index.parts(key, self.pods.get) if part.role != "check"]
+        node_pods = [
+            part for part in self.pod_index.parts(key, self.pods.get) if part.role != "check"
+        ]
         decision = core.decide(
             cr=cr,
             node=facts,

@@ -228,7 +228,9 @@ class Validator:
             )
             return None
         facts = progress.facts(raw_node, cr_name)
-        node_pods = [part for part in self.pod_index.parts(key, self.pods.get) if part.role == "check"]
+        node_pods = [
+            part for part in self.pod_index.parts(key, self.pods.get) if part.role == "check"
+        ]
         has_taint = core.has_readiness_taint(facts.taints)
         annotations = nodestate.annotations_of(raw_node)
         decision = core.decide(
