@@ -45,7 +45,8 @@ Prints one JSON object:
 - ``at_rest`` (with ``--rest-s S``): the rollout done and every consumer caught up, what
   the services cost over the next S seconds with nothing to do: CPU seconds per minute per
   service and per rig component, reconciles per queue, and the services' API requests
-  (the periodic resyncs and the informers' replays are all there is to do);
+  (the periodic resyncs, the informers' replays, and the executor's deletion of finished
+  stage pods with the pod events it makes);
 - ``load``: the machine's load averages at the start and at the end.
 
 ``--profile DIR`` records each service replica with py-spy (when installed) into DIR.

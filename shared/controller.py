@@ -197,8 +197,8 @@ class PodIndex:
     def __init__(self) -> None:
         self._by_key: dict[NodeKey, set[str]] = {}
         # Informer key -> (resourceVersion, parts). A node's pods were parsed again on every
-        # reconcile of the node, a tenth of the executor's and the validator's CPU at 1,000
-        # nodes (issue 15); the pod's resourceVersion says when a reading is stale.
+        # reconcile of the node, about a quarter of the executor's and the validator's CPU at
+        # 1,000 nodes (issue 15); the pod's resourceVersion says when a reading is stale.
         self._parts: dict[str, tuple[str, tuple[pods.PodView, ...]]] = {}
 
     def keys(self) -> set[NodeKey]:

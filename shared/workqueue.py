@@ -14,7 +14,7 @@
   change, event or timer queued since, is *settled*: for ``settled_s`` after that reconcile
   an add in the low lane leaves it out. Its caches have not changed for it, so a resync
   would decide the same thing again; at 10,000 nodes that was most of the resyncs' work,
-  and all of a fleet's work at rest. After ``settled_s`` the resync runs it again, the net
+  and most of a fleet's work at rest. After ``settled_s`` the resync runs it again, the net
   for a change that reached no key.
 - A reconcile that raises is retried with per-key exponential backoff (capped); a success
   resets the backoff. A transient API error (``shared.kube.ApiError.transient``: a slow or
