@@ -58,7 +58,8 @@ class KubeSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=True
     kubeconfig: str = ""
     """Path to a kubeconfig file; empty means in-cluster service-account credentials."""
     qps_burst: Annotated[int, msgspec.Meta(ge=1)] = 50
-    """Concurrent API requests a process may have in flight (a client-side limit)."""
+    """Concurrent API requests a service may have in flight (a client-side limit): each
+    service of a process running several has its own. Watches are not counted."""
 
 
 class HealthSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -1,21 +1,25 @@
 """The Kubernetes API client every service uses: JSON in, JSON out.
 
-One transport per process (:mod:`shared.kubeaccess`: one aiohttp session with the
-kubeconfig's or the service account's credentials; a session per API object would leak
-connections). On top of it :class:`Kube` speaks plain JSON dictionaries to REST paths: no model
-classes, so custom resources, patches of every content type and watches all look the same,
-and nothing is deserialised twice. HTTP failures become :class:`ApiError` with the status
+One transport per process (:mod:`shared.kubeaccess`: aiohttp sessions, one for requests and one
+for streams, with the kubeconfig's or the service account's credentials; a session per API
+object would leak connections); each service of a process takes its own share of the requests'
+(:meth:`Kube.capped`). On top of it :class:`Kube` speaks plain JSON dictionaries to REST paths:
+no model classes, so custom resources, patches of every content type and watches all look the
+same, and nothing is deserialised twice. HTTP failures become :class:`ApiError` with the status
 code; a request that got no answer (connection refused or reset, a timeout) becomes an
 :class:`ApiError` with status 0, so callers handle one error type. :attr:`ApiError.transient`
-tells an expected fault of a slow or absent API server (no answer, 429, 5xx) from a refusal:
-it is retried, and logged without a traceback. :class:`Outage` logs one warning when the API
-server stops answering and one when it answers again, with how long it was gone.
-List+watch caching and higher-level operations live with their callers.
+tells an expected fault of a slow or absent API server (no answer, 429, 5xx) from a refusal: it
+is retried, and logged without a traceback. :class:`Outage` logs one warning when the API
+server stops answering and one when it answers again, with how long it was gone. List+watch
+caching and higher-level operations live with their callers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
+import importlib.metadata
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -180,6 +184,29 @@ class Kube:
     api: kubeaccess.Transport
     observe: RequestObserver | None = None
     outage: Outage = field(default_factory=api_server_outage, compare=False)
+    gate: asyncio.Semaphore | None = field(default=None, compare=False)
+    """This view's own cap on requests in flight (:meth:`capped`); None: the transport's."""
+
+    def capped(self, in_flight: int) -> Kube:
+        """A view of this client whose requests in flight are at most ``in_flight``, apart
+        from any other view's: each service of one process gets its own, as it would in a
+        process of its own. One pool for five services let the scheduler's 40 admissions
+        in flight hold the drainer's cordons back (issue 15). Streams (watches, followed
+        logs) are not counted: they have connections of their own (:mod:`shared.kubeaccess`)."""
+        return dataclasses.replace(self, gate=asyncio.Semaphore(in_flight))
+
+    agent: str = field(default="", compare=False)
+    """The User-Agent of this view's requests (:meth:`named`); empty: aiohttp's."""
+
+    def named(self, service: str) -> Kube:
+        """A view of this client whose requests say they are ``service``'s: the API server
+        names their field manager after it (``kubectl get node --show-managed-fields`` shows
+        which service wrote which field, where it said "Python" for all five) and its audit
+        log names it."""
+        return dataclasses.replace(self, agent=user_agent(service))
+
+    def _slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        return self.gate if self.gate is not None else contextlib.nullcontext()
 
     async def ready(self) -> bool:
         """True unless this process's requests find the API server absent (an outage under
@@ -199,10 +226,14 @@ class Kube:
         content_type: str = "application/json",
         timeout_s: float | None = None,
         accept: str = "application/json",
+        stream: bool = False,
     ) -> Any:
         params = [
             (k, str(v).lower() if isinstance(v, bool) else v) for k, v in (query or {}).items()
         ]
+        headers = {"Accept": accept, "Content-Type": content_type}
+        if self.agent:
+            headers["User-Agent"] = self.agent
         code = "error"  # no answer: a timeout or a connection failure
         try:
             try:
@@ -210,9 +241,10 @@ class Kube:
                     method,
                     path,
                     params=params,
-                    headers={"Accept": accept, "Content-Type": content_type},
+                    headers=headers,
                     body=body,
                     timeout_s=timeout_s,
+                    stream=stream,
                 )
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 self.outage.failed(repr(exc))
@@ -240,16 +272,22 @@ class Kube:
         raw: bool = False,
     ) -> JSON:
         """Send one request; return the decoded JSON object ({} for raw/non-JSON answers)."""
-        resp = await self._send(
-            method, path, query=query, body=body, content_type=content_type, timeout_s=timeout_s
-        )
-        try:
-            data = await resp.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            self.outage.failed(repr(exc))
-            raise ApiError(0, "NoAnswer", f"{method} {path}: {exc!r}") from exc
-        finally:
-            resp.release()
+        async with self._slot():
+            resp = await self._send(
+                method,
+                path,
+                query=query,
+                body=body,
+                content_type=content_type,
+                timeout_s=timeout_s,
+            )
+            try:
+                data = await resp.read()
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                self.outage.failed(repr(exc))
+                raise ApiError(0, "NoAnswer", f"{method} {path}: {exc!r}") from exc
+            finally:
+                resp.release()
         if not 200 <= resp.status <= 299:
             raise _error(resp.status, resp.reason or "", data.decode("utf-8", "replace"))
         if raw or not data:
@@ -290,13 +328,18 @@ class Kube:
         timeout_s: float | None = 30.0,
     ) -> str:
         """GET a plain-text answer (a pod's log); an error status raises :class:`ApiError`."""
-        resp = await self._send(
-            "GET", path, query=query, timeout_s=timeout_s, accept="text/plain, application/json"
-        )
-        try:
-            text: str = await resp.text(errors="replace")
-        finally:
-            resp.release()
+        async with self._slot():
+            resp = await self._send(
+                "GET",
+                path,
+                query=query,
+                timeout_s=timeout_s,
+                accept="text/plain, application/json",
+            )
+            try:
+                text: str = await resp.text(errors="replace")
+            finally:
+                resp.release()
         if not 200 <= resp.status <= 299:
             raise _error(resp.status, resp.reason or "", text)
         return text
@@ -311,7 +354,12 @@ class Kube:
         """GET a plain-text answer that keeps coming (a followed pod log): yield it line by
         line as the server sends it, until it ends. An error status raises :class:`ApiError`."""
         resp = await self._send(
-            "GET", path, query=query, timeout_s=timeout_s, accept="text/plain, application/json"
+            "GET",
+            path,
+            query=query,
+            timeout_s=timeout_s,
+            accept="text/plain, application/json",
+            stream=True,
         )
         try:
             if not 200 <= resp.status <= 299:
@@ -395,7 +443,7 @@ class Kube:
             "allowWatchBookmarks": True,
             "timeoutSeconds": timeout_s,
         }
-        resp = await self._send("GET", path, query=params, timeout_s=timeout_s + 30)
+        resp = await self._send("GET", path, query=params, timeout_s=timeout_s + 30, stream=True)
         try:
             if not 200 <= resp.status <= 299:
                 raise _error(resp.status, resp.reason or "", await resp.text())
@@ -424,6 +472,16 @@ class Kube:
             resp.release()
 
 
+def user_agent(service: str) -> str:
+    """``nodewright-<service>/<version>``, as client-go names a binary: the API server takes
+    the part before the slash as the field manager of the writes."""
+    try:
+        version = importlib.metadata.version("nodewright")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return f"nodewright-{service}/{version}"
+
+
 # msgspec's decoder: a third of the json module's time on node objects and watch events,
 # which every service decodes by the thousand (issue 15).
 _decode = msgspec.json.Decoder().decode
@@ -443,30 +501,32 @@ def _error(status: int, reason: str, text: str) -> ApiError:
 
 @contextlib.asynccontextmanager
 async def connect(
-    settings: KubeSettings, *, registry: CollectorRegistry | None = None
+    settings: KubeSettings, *, registry: CollectorRegistry | None = None, shares: int = 1
 ) -> AsyncIterator[Kube]:
     """One client for the process; with ``registry``, its requests are counted there. A
-    ``ConfigError`` says what the kubeconfig or the service account lacks."""
-    transport = await _transport(settings)
+    ``ConfigError`` says what the kubeconfig or the service account lacks. ``shares``: the
+    services that will each take a view capped at ``qps_burst`` (:meth:`Kube.capped`); the
+    connection pool holds them all."""
+    transport = await _transport(settings, settings.qps_burst * shares)
     try:
         yield Kube(transport, observe=request_counter(registry) if registry is not None else None)
     finally:
         await transport.close()
 
 
-async def _transport(settings: KubeSettings) -> kubeaccess.Transport:
+async def _transport(settings: KubeSettings, in_flight: int) -> kubeaccess.Transport:
     if not settings.kubeconfig:
-        return kubeaccess.Session(kubeaccess.in_cluster(), max_in_flight=settings.qps_burst)
+        return kubeaccess.Session(kubeaccess.in_cluster(), max_in_flight=in_flight)
     path = Path(settings.kubeconfig)
     if not kubeaccess.needs_plugin(path):
         access = kubeaccess.from_kubeconfig(path)
-        return kubeaccess.Session(access, max_in_flight=settings.qps_burst)
+        return kubeaccess.Session(access, max_in_flight=in_flight)
     # A credential plugin: kubernetes_asyncio runs it (and is imported only then).
     from kubernetes_asyncio import client, config
 
     cfg = client.Configuration()
     await config.load_kube_config(config_file=str(path), client_configuration=cfg)
-    cfg.connection_pool_maxsize = settings.qps_burst
+    cfg.connection_pool_maxsize = in_flight
     api = client.ApiClient(configuration=cfg)
     session = api.rest_client.pool_manager
     if isinstance(session, aiohttp.ClientSession):

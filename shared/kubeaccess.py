@@ -57,6 +57,7 @@ class Transport(Protocol):
         headers: Mapping[str, str],
         body: Any,
         timeout_s: float | None,
+        stream: bool = False,
     ) -> aiohttp.ClientResponse: ...
 
     async def close(self) -> None: ...
@@ -89,14 +90,25 @@ class Access:
 
 
 class Session:
-    """The process's one connection pool to the API server (:class:`Transport`)."""
+    """The process's connections to the API server (:class:`Transport`): a pool of at most
+    ``max_in_flight`` for requests, and one apart for streams (watches, followed logs).
+
+    A stream holds its connection for minutes. In the requests' pool, the process's eight
+    watches held eight of its 50 slots for good, and one process running the five services
+    was left two for everything but the scheduler's 40 admissions in flight (issue 15).
+    How many streams a process opens is fixed by its code, so their pool has no limit."""
 
     def __init__(self, access: Access, *, max_in_flight: int) -> None:
         self.access = access
+        self._session = self._open(access, limit=max_in_flight)
+        self._streams = self._open(access, limit=0)  # aiohttp: 0 is no limit
+
+    @staticmethod
+    def _open(access: Access, *, limit: int) -> aiohttp.ClientSession:
         # trust_env=False: no ~/.netrc or proxy variables read per request (5 to 25 % of a
         # service's CPU, issue 15); the kubeconfig's own proxy-url is passed per request.
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=max_in_flight, ssl=access.ssl),
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=limit, ssl=access.ssl),
             trust_env=False,
             read_bufsize=READ_BUFFER,
         )
@@ -110,6 +122,7 @@ class Session:
         headers: Mapping[str, str],
         body: Any,
         timeout_s: float | None,
+        stream: bool = False,
     ) -> aiohttp.ClientResponse:
         url = self.access.server.rstrip("/") + path
         if params:
@@ -118,7 +131,8 @@ class Session:
         if self.access.token is not None:
             sent["Authorization"] = f"Bearer {self.access.token.current(time.monotonic())}"
         data = body if body is None or isinstance(body, bytes) else msgspec.json.encode(body)
-        return await self._session.request(
+        session = self._streams if stream else self._session
+        return await session.request(
             method,
             url,
             headers=sent,
@@ -130,6 +144,7 @@ class Session:
 
     async def close(self) -> None:
         await self._session.close()
+        await self._streams.close()
 
 
 class ApiClientTransport:
@@ -148,7 +163,12 @@ class ApiClientTransport:
         headers: Mapping[str, str],
         body: Any,
         timeout_s: float | None,
+        stream: bool = False,
     ) -> aiohttp.ClientResponse:
+        # kubernetes_asyncio has one pool: a stream takes one of its connections (raise
+        # NODEWRIGHT_KUBE_QPS_BURST by the number of watches where that matters). Its
+        # default headers override the request's: its User-Agent is sent, not the service's.
+        del stream
         resp: aiohttp.ClientResponse = await self.api.call_api(
             path,
             method,

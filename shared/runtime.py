@@ -208,7 +208,9 @@ def process_registry() -> CollectorRegistry:
 
 
 @contextlib.asynccontextmanager
-async def _context(*, name: str, settings: ServiceSettings) -> AsyncIterator[ServiceContext]:
+async def _context(
+    *, name: str, settings: ServiceSettings, shares: int = 1
+) -> AsyncIterator[ServiceContext]:
     identity = settings.identity or f"{socket.gethostname()}-{os.getpid()}"
     registry = process_registry()
     supervisor = Supervisor(name=name, graceful_timeout_s=settings.graceful_timeout_s)
@@ -217,7 +219,10 @@ async def _context(*, name: str, settings: ServiceSettings) -> AsyncIterator[Ser
     async with contextlib.AsyncExitStack() as stack:
         # The Kubernetes client first: it reads local credentials only, so a kubeconfig or
         # service account that cannot work is reported at once, not after NATS answers.
-        api = await stack.enter_async_context(kube.connect(settings.kube, registry=registry))
+        api = await stack.enter_async_context(
+            kube.connect(settings.kube, registry=registry, shares=shares)
+        )
+        api = api.named(name)
         nats_bus = await stack.enter_async_context(
             bus.connect(settings.nats, name=f"{name}/{identity}", stopping=supervisor.stopping)
         )
@@ -256,7 +261,7 @@ async def serve_many(*, name: str, services: Sequence[tuple[Service, ServiceSett
     NATS, the API server and the probes: they come from the same environment), run them
     until the stop or until any root task ends."""
     first = services[0][1]
-    async with _context(name=name, settings=first) as shared:
+    async with _context(name=name, settings=first, shares=len(services)) as shared:
         for service, settings in services:
             await service.build(
                 dataclasses.replace(
@@ -264,6 +269,10 @@ async def serve_many(*, name: str, services: Sequence[tuple[Service, ServiceSett
                     name=service.name,
                     settings=settings,
                     supervisor=shared.supervisor.scoped(service.name),
+                    # Its own NODEWRIGHT_KUBE_QPS_BURST requests in flight, as alone: one
+                    # service's burst (the scheduler opening a batch) does not queue the
+                    # others' writes behind it.
+                    kube=shared.kube.capped(settings.kube.qps_burst).named(service.name),
                 )
             )
         _log.info(

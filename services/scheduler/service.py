@@ -58,8 +58,8 @@ NAME = "scheduler"
 CONCURRENT_WRITES = 40
 """Admissions (or releases) of one pass in flight at once: a batch of 100 opens in three
 round trips instead of 100 (issue 15; with 16, a batch of 100 took 1.2-2.4 s to admit at
-1,000 nodes here); below the API client's own limit (qps_burst, 50), so the leader lease
-and the batch book never wait behind them."""
+1,000 nodes here); below the service's own limit (qps_burst, 50; watches are not
+counted), so the leader lease and the batch book never wait behind them."""
 _log = logging.getLogger("nodewright.scheduler")
 
 NODEWRIGHTS = path_of(group=api.GROUP, version=api.VERSION, plural=api.NODEWRIGHT_PLURAL)

@@ -461,4 +461,12 @@ async def test_the_five_services_in_one_process_give_the_same_result_with_one_wa
     for resource in ("nodes", "nodewrights"):
         assert requests[f"WATCH {resource}"] <= 2, (resource, requests)  # + one re-opened
         assert requests[f"LIST {resource}"] <= 2, (resource, requests)
+    # Each service's writes name it, in one process too: the API server's field managers.
+    listed = await kapi.get(path_of(plural="nodes"), labelSelector="nodepool=gpu")
+    managers = {
+        entry["manager"]
+        for item in listed["items"]
+        for entry in item["metadata"].get("managedFields") or []
+    }
+    assert {f"nodewright-{s}" for s in ("scheduler", "drainer", "executor", "status")} <= managers
     assert together.alive()

@@ -142,3 +142,99 @@ async def test_readiness_follows_the_outage_without_a_request_of_its_own() -> No
     kube.outage.answered()
     assert await kube.ready()
     assert sent == [], "the probe costs the API server nothing"
+
+
+class _Held:
+    """A response the fake transport hands out; reading it waits for the test's word."""
+
+    status = 200
+    reason = "OK"
+
+    def __init__(self, answer: asyncio.Event) -> None:
+        self._answer = answer
+
+    async def read(self) -> bytes:
+        await self._answer.wait()
+        return b"{}"
+
+    def release(self) -> None:
+        pass
+
+
+class _Counting:
+    """A :class:`shared.kubeaccess.Transport` that counts the requests it has in flight by
+    path, holding every answer until ``answer`` is set."""
+
+    def __init__(self) -> None:
+        self.answer = asyncio.Event()
+        self.in_flight: dict[str, int] = {}
+        self.most: dict[str, int] = {}
+
+    async def send(self, method: str, path: str, **_: object) -> _Held:
+        self.in_flight[path] = self.in_flight.get(path, 0) + 1
+        self.most[path] = max(self.most.get(path, 0), self.in_flight[path])
+        held = _Held(self.answer)
+        original = held.read
+
+        async def read() -> bytes:
+            try:
+                return await original()
+            finally:
+                self.in_flight[path] -= 1
+
+        held.read = read  # type: ignore[method-assign]
+        return held
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_each_capped_view_has_its_own_requests_in_flight() -> None:
+    """Issue 15: in one process the five services shared one pool, and the scheduler's
+    admissions in flight held the drainer's cordons back. Each view has its own cap: one
+    view at its cap does not hold another's request, and its own wait their turn."""
+    transport = _Counting()
+    base = Kube(transport)  # type: ignore[arg-type]
+    scheduler, drainer = base.capped(2), base.capped(1)
+    admissions = [asyncio.create_task(scheduler.get("/admit")) for _ in range(5)]
+    cordons = [asyncio.create_task(drainer.get("/cordon")) for _ in range(3)]
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert transport.in_flight == {"/admit": 2, "/cordon": 1}, "each at its own cap, at once"
+    transport.answer.set()
+    await asyncio.gather(*admissions, *cordons)
+    assert transport.most == {"/admit": 2, "/cordon": 1}
+    assert transport.in_flight == {"/admit": 0, "/cordon": 0}
+    assert scheduler.outage is base.outage, "one API server: the views share its outage"
+
+
+async def test_an_uncapped_client_sends_every_request_at_once() -> None:
+    transport = _Counting()
+    kube = Kube(transport)  # type: ignore[arg-type]
+    sent = [asyncio.create_task(kube.get("/x")) for _ in range(4)]
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert transport.in_flight == {"/x": 4}, "the transport's own pool is the only cap"
+    transport.answer.set()
+    await asyncio.gather(*sent)
+
+
+async def test_a_named_view_says_whose_requests_they_are() -> None:
+    """The API server names a write's field manager after the User-Agent: it said "Python"
+    for all five services."""
+    sent: list[dict[str, str]] = []
+
+    class Recording(_Counting):
+        async def send(self, method: str, path: str, **kwargs: object) -> _Held:
+            sent.append(dict(kwargs["headers"]))  # type: ignore[call-overload]
+            return await super().send(method, path)
+
+    transport = Recording()
+    transport.answer.set()
+    base = Kube(transport)  # type: ignore[arg-type]
+    await base.named("drainer").capped(3).get("/x")
+    await base.get("/x")
+    agent = sent[0]["User-Agent"]
+    assert agent.startswith("nodewright-drainer/"), agent
+    assert agent.split("/", 1)[1], "with the version"
+    assert "User-Agent" not in sent[1], "the base client sends the transport's own"

@@ -4,15 +4,16 @@ the pod's service account, and a session that verifies the server and sends the 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import ssl
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -263,3 +264,54 @@ def test_a_service_does_not_load_the_generated_client_nor_yaml(module: str) -> N
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]"
+
+
+async def test_a_watch_does_not_take_one_of_the_requests_slots(tmp_path: Path) -> None:
+    """Issue 15: a watch holds its connection for minutes. In the requests' pool, a
+    process's watches held that many of its slots for good; with one slot, a watch left
+    none. Streams have connections of their own."""
+    bundle = _bundle("127.0.0.1")
+    (tmp_path / "srv.crt").write_bytes(bundle.cert)
+    (tmp_path / "srv.key").write_bytes(bundle.key)
+    (tmp_path / "ca.crt").write_bytes(bundle.ca_cert)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(tmp_path / "srv.crt"), str(tmp_path / "srv.key"))
+    stop = asyncio.Event()
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") != "true":
+            return web.json_response({"kind": "NodeList", "items": []})
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(b'{"type":"BOOKMARK","object":{}}\n')
+        await stop.wait()  # the stream stays open, as a watch's does
+        return response
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
+    await site.start()
+    port = runner.addresses[0][1]
+    path = _kubeconfig(
+        tmp_path / "kubeconfig",
+        {"server": f"https://127.0.0.1:{port}", "certificate-authority": "ca.crt"},
+        {"token": "t"},
+    )
+    try:
+        async with connect(KubeSettings(kubeconfig=str(path), qps_burst=1)) as kube:
+            watching = cast(
+                AsyncGenerator[dict[str, Any], None],
+                kube.watch("/api/v1/nodes", resource_version="1"),
+            )
+            first = await anext(watching)
+            assert first["type"] == "BOOKMARK", "the watch is open and holds its connection"
+            # Before: the one slot was the watch's, and this waited until the watch ended.
+            got = await asyncio.wait_for(kube.get("/api/v1/nodes"), timeout=10)
+            assert got["kind"] == "NodeList"
+            stop.set()
+            await watching.aclose()
+    finally:
+        stop.set()
+        await runner.cleanup()
