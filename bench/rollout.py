@@ -18,7 +18,8 @@ Prints one JSON object:
 - ``events_published``: messages added to the event stream;
 - ``peak_rss_mb``: peak resident memory per service process (VmHWM);
 - ``per_node``: API requests by the services, writes (POST/PUT/PATCH/DELETE) and Node
-  writes of the whole rig, and the services' peak RSS, each divided by N;
+  writes of the whole rig, the services' own Node writes (``service_node_writes``), and
+  the services' peak RSS, each divided by N;
 - ``cpu_s``: CPU seconds (utime + stime) per service, summed over its replicas: since the
   process started, and during the rollout alone; ``rig_rollout``: the same of each rig
   component (API server, etcd, kwok ...) during the rollout, which shares the cores;
@@ -42,6 +43,9 @@ Prints one JSON object:
 - ``status_condition_changes``: the status service's node condition as the node watch saw
   it change, counted per ``from -> to`` (state and reason code; ``-`` before the first),
   which says where its writes per node above one per state go;
+- ``node_writers_since_apply``: per field manager of the nodes (and subresource), how many
+  nodes it last wrote after the CR was applied: whose the rig's Node writes beyond the
+  services' own are (kwok's, the controllers');
 - ``at_rest`` (with ``--rest-s S``): the rollout done and every consumer caught up, what
   the services cost over the next S seconds with nothing to do: CPU seconds per minute per
   service and per rig component, reconciles per queue, and the services' API requests
@@ -73,7 +77,7 @@ import time
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -504,6 +508,7 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
             },
         }
         with profiled(fleet, args.profile):
+            applied_at = datetime.now(UTC).replace(microsecond=0)
             t0 = time.monotonic()
             await manifests.apply(kube, cr)
             path = f"{manifests.NODEWRIGHTS}/bench"
@@ -536,6 +541,7 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
         await asyncio.gather(watcher, pod_watcher, return_exceptions=True)
         listed = await kube.get(path_of(plural="nodes"), labelSelector="nodepool=gpu")
         assert len(listed["items"]) == args.nodes
+        writers = node_writers(listed["items"], since=applied_at)
         rest = await at_rest(rig, fleet, args.rest_s) if args.rest_s > 0 else None
     budget = max(1, math.floor(args.nodes * args.budget_percent / 100))
     stage = parse_duration(args.stage_duration)
@@ -547,6 +553,12 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
     node_writes = sum(
         v
         for k, v in delta.items()
+        if k.split(" ")[0] in _WRITES and k.split(" ")[1] in ("nodes", "nodes/status")
+    )
+    service_node_writes = sum(
+        v
+        for counts in own.values()
+        for k, v in counts.items()
         if k.split(" ")[0] in _WRITES and k.split(" ")[1] in ("nodes", "nodes/status")
     )
     n = args.nodes
@@ -574,6 +586,7 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
             "service_requests": round(sum(sum(c.values()) for c in own.values()) / n, 2),
             "writes": round(writes / n, 2),
             "node_writes": round(node_writes / n, 2),
+            "service_node_writes": round(service_node_writes / n, 2),
             "peak_rss_mib": round(sum(peak_rss.values()) / n, 3),
         },
         "cpu_s": {
@@ -606,6 +619,7 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
         "consumer_backlog_at_ready": backlog_at_ready,
         "backlog_cleared_after_s": cleared_after,
         "status_condition_changes": dict(timeline.condition_changes.most_common()),
+        "node_writers_since_apply": writers,
         "at_rest": rest,
         "load": {"start": load_start, "end": load()},
         "measured_at": datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -613,6 +627,25 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
 
 
 _WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY"})
+
+
+def node_writers(items: list[dict[str, Any]], *, since: datetime) -> dict[str, int]:
+    """Who wrote the nodes during the rollout, from their managedFields: for each field
+    manager (and subresource), the nodes whose last write by it came at or after ``since``.
+    A lower bound of its writes (a manager's entry keeps only its last time), enough to
+    say whose the API server's Node writes are beside the services' own count, which
+    ``node_writes`` cannot: it is the API server's, every writer together."""
+    found: Counter[str] = Counter()
+    for item in items:
+        for entry in item["metadata"].get("managedFields") or []:
+            stamp = entry.get("time")
+            if not stamp or datetime.fromisoformat(stamp.replace("Z", "+00:00")) < since:
+                continue
+            name = str(entry.get("manager") or "?")
+            if entry.get("subresource"):
+                name += f" ({entry['subresource']})"
+            found[name] += 1
+    return dict(found.most_common())
 
 
 def main(argv: list[str] | None = None) -> int:
