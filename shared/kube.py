@@ -45,6 +45,9 @@ _PATCH_TYPES: dict[PatchKind, str] = {
     "apply": "application/apply-patch+yaml",
 }
 
+_TEXT = "text/plain, application/json"
+"""What a plain-text GET accepts: an error comes as a JSON Status."""
+
 # Error bodies can be large (a whole rejected object); logs and messages keep this much.
 _MAX_ERROR_TEXT = 1024
 
@@ -329,13 +332,7 @@ class Kube:
     ) -> str:
         """GET a plain-text answer (a pod's log); an error status raises :class:`ApiError`."""
         async with self._slot():
-            resp = await self._send(
-                "GET",
-                path,
-                query=query,
-                timeout_s=timeout_s,
-                accept="text/plain, application/json",
-            )
+            resp = await self._send("GET", path, query=query, timeout_s=timeout_s, accept=_TEXT)
             try:
                 text: str = await resp.text(errors="replace")
             finally:
@@ -354,12 +351,7 @@ class Kube:
         """GET a plain-text answer that keeps coming (a followed pod log): yield it line by
         line as the server sends it, until it ends. An error status raises :class:`ApiError`."""
         resp = await self._send(
-            "GET",
-            path,
-            query=query,
-            timeout_s=timeout_s,
-            accept="text/plain, application/json",
-            stream=True,
+            "GET", path, query=query, timeout_s=timeout_s, accept=_TEXT, stream=True
         )
         try:
             if not 200 <= resp.status <= 299:

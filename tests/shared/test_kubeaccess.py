@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import ssl
 import subprocess
 import sys
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -53,32 +54,40 @@ def _kubeconfig(
     return path
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@contextlib.asynccontextmanager
+async def _https(tmp_path: Path, bundle: CertBundle, answer: Handler) -> AsyncIterator[int]:
+    """``answer`` to every GET over HTTPS on loopback with ``bundle``'s certificate; its port."""
+    (tmp_path / "srv.crt").write_bytes(bundle.cert)
+    (tmp_path / "srv.key").write_bytes(bundle.key)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(tmp_path / "srv.crt"), str(tmp_path / "srv.key"))
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context).start()
+    try:
+        yield runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
+
+
 @pytest.fixture
 async def server(tmp_path: Path) -> AsyncIterator[tuple[int, CertBundle, list[str]]]:
     """An HTTPS server on loopback whose certificate names ``apiserver.test`` only; it
     answers every GET with a NodeList and records the Authorization header it got."""
     bundle = _bundle("apiserver.test")
-    (tmp_path / "srv.crt").write_bytes(bundle.cert)
-    (tmp_path / "srv.key").write_bytes(bundle.key)
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(str(tmp_path / "srv.crt"), str(tmp_path / "srv.key"))
     seen: list[str] = []
 
-    async def answer(request: web.Request) -> web.Response:
+    async def answer(request: web.Request) -> web.StreamResponse:
         seen.append(request.headers.get("Authorization", ""))
         return web.json_response({"kind": "NodeList", "items": [], "q": dict(request.query)})
 
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
+    async with _https(tmp_path, bundle, answer) as port:
         yield port, bundle, seen
-    finally:
-        await runner.cleanup()
 
 
 async def test_a_kubeconfig_with_a_ca_file_and_a_token_reaches_the_server(
@@ -271,11 +280,7 @@ async def test_a_watch_does_not_take_one_of_the_requests_slots(tmp_path: Path) -
     process's watches held that many of its slots for good; with one slot, a watch left
     none. Streams have connections of their own."""
     bundle = _bundle("127.0.0.1")
-    (tmp_path / "srv.crt").write_bytes(bundle.cert)
-    (tmp_path / "srv.key").write_bytes(bundle.key)
     (tmp_path / "ca.crt").write_bytes(bundle.ca_cert)
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(str(tmp_path / "srv.crt"), str(tmp_path / "srv.key"))
     stop = asyncio.Event()
 
     async def answer(request: web.Request) -> web.StreamResponse:
@@ -287,31 +292,24 @@ async def test_a_watch_does_not_take_one_of_the_requests_slots(tmp_path: Path) -
         await stop.wait()  # the stream stays open, as a watch's does
         return response
 
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
-    await site.start()
-    port = runner.addresses[0][1]
-    path = _kubeconfig(
-        tmp_path / "kubeconfig",
-        {"server": f"https://127.0.0.1:{port}", "certificate-authority": "ca.crt"},
-        {"token": "t"},
-    )
-    try:
-        async with connect(KubeSettings(kubeconfig=str(path), qps_burst=1)) as kube:
-            watching = cast(
-                AsyncGenerator[dict[str, Any], None],
-                kube.watch("/api/v1/nodes", resource_version="1"),
-            )
-            first = await anext(watching)
-            assert first["type"] == "BOOKMARK", "the watch is open and holds its connection"
-            # Before: the one slot was the watch's, and this waited until the watch ended.
-            got = await asyncio.wait_for(kube.get("/api/v1/nodes"), timeout=10)
-            assert got["kind"] == "NodeList"
+    async with _https(tmp_path, bundle, answer) as port:
+        path = _kubeconfig(
+            tmp_path / "kubeconfig",
+            {"server": f"https://127.0.0.1:{port}", "certificate-authority": "ca.crt"},
+            {"token": "t"},
+        )
+        try:
+            async with connect(KubeSettings(kubeconfig=str(path), qps_burst=1)) as kube:
+                watching = cast(
+                    AsyncGenerator[dict[str, Any], None],
+                    kube.watch("/api/v1/nodes", resource_version="1"),
+                )
+                first = await anext(watching)
+                assert first["type"] == "BOOKMARK", "the watch is open and holds its connection"
+                # Before: the one slot was the watch's, and this waited until the watch ended.
+                got = await asyncio.wait_for(kube.get("/api/v1/nodes"), timeout=10)
+                assert got["kind"] == "NodeList"
+                stop.set()
+                await watching.aclose()
+        finally:
             stop.set()
-            await watching.aclose()
-    finally:
-        stop.set()
-        await runner.cleanup()
