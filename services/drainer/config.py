@@ -23,9 +23,11 @@ class DrainerSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=T
     max_parallel_evictions: Annotated[int, msgspec.Meta(ge=1, le=256)] = 16
     """Eviction requests one node's drain has in flight at once (a node holds at most a few
     hundred pods; the API server's rate limits apply to the whole process)."""
-    workers: Annotated[int, msgspec.Meta(ge=1, le=256)] = 16
+    workers: Annotated[int, msgspec.Meta(ge=1, le=256)] = 32
     """Nodes reconciled concurrently. A long wait never occupies a worker (it is a requeue),
-    so this bounds only the API calls in flight."""
+    so this bounds only the API calls in flight. At 10,000 nodes 16 were all busy the whole
+    rollout: a key waited 9.9 s for one, a node 22 s from cordon to drained (p50); with 32,
+    5.1 to 6.1 s and 13 to 14 s (issue 15, docs/metrics.md)."""
 
 
 class Settings(ServiceSettings, frozen=True, forbid_unknown_fields=True, kw_only=True):
