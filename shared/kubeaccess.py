@@ -143,8 +143,10 @@ class Session:
         )
 
     async def close(self) -> None:
-        await self._session.close()
-        await self._streams.close()
+        try:
+            await self._session.close()
+        finally:
+            await self._streams.close()
 
 
 class ApiClientTransport:

@@ -4,6 +4,7 @@ service exposes on /metrics (checked against the real API server)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -145,20 +146,19 @@ async def test_readiness_follows_the_outage_without_a_request_of_its_own() -> No
 
 
 class _Held:
-    """A response the fake transport hands out; reading it waits for the test's word."""
+    """A response the fake transport hands out: reading it waits for the test's word, and
+    releasing it gives its slot back (as releasing aiohttp's gives its connection back)."""
 
     status = 200
     reason = "OK"
 
-    def __init__(self, answer: asyncio.Event) -> None:
+    def __init__(self, answer: asyncio.Event, released: Callable[[], None]) -> None:
         self._answer = answer
+        self.release = released
 
     async def read(self) -> bytes:
         await self._answer.wait()
         return b"{}"
-
-    def release(self) -> None:
-        pass
 
 
 class _Counting:
@@ -173,17 +173,11 @@ class _Counting:
     async def send(self, method: str, path: str, **_: object) -> _Held:
         self.in_flight[path] = self.in_flight.get(path, 0) + 1
         self.most[path] = max(self.most.get(path, 0), self.in_flight[path])
-        held = _Held(self.answer)
-        original = held.read
 
-        async def read() -> bytes:
-            try:
-                return await original()
-            finally:
-                self.in_flight[path] -= 1
+        def released() -> None:
+            self.in_flight[path] -= 1
 
-        held.read = read  # type: ignore[method-assign]
-        return held
+        return _Held(self.answer, released)
 
     async def close(self) -> None:
         pass
