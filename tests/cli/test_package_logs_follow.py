@@ -257,6 +257,9 @@ async def test_follow_prints_a_running_pods_log_lines_as_they_are_written(
             str(rig.endpoints.kubeconfig),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
+            # SIGABRT then prints where every thread is: what the command waits on, should
+            # it not end after ^C (once, in a full run, it had not ended 30 s after it).
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
         )
         stdout, stderr = proc.stdout, proc.stderr
         assert stdout is not None
@@ -284,7 +287,13 @@ async def test_follow_prints_a_running_pods_log_lines_as_they_are_written(
                 assert await line() == f"written while following, {n}\n"
             assert proc.returncode is None, "it keeps following"
             proc.send_signal(signal.SIGINT)
-            code = await asyncio.wait_for(proc.wait(), 30)
+            try:
+                code = await asyncio.wait_for(proc.wait(), 30)
+            except TimeoutError:
+                proc.send_signal(signal.SIGABRT)
+                await asyncio.wait_for(proc.wait(), 10)
+                dump = (await stderr.read()).decode(errors="replace")
+                pytest.fail(f"the command had not ended 30 s after ^C; where it was:\n{dump}")
             err = (await stderr.read()).decode()
             # click ends the ^C line first; then the one line.
             assert (code, err.strip()) == (130, "nodewright: interrupted")
