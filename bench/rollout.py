@@ -38,6 +38,9 @@ Prints one JSON object:
   queued per lane (``normal``: a change or an event; ``low``: the periodic resync), their
   mean wait for a worker, the reconciles, the seconds they took (waits included) and the
   retries;
+- ``scheduler_pass``: per phase of the scheduler's passes (``rest``: waiting for its share
+  of the time; ``decide``: computing the decisions; ``releases``, ``book``, ``admissions``:
+  their writes, first sent to last answered), how many, their mean and sum in seconds;
 - ``consumer_backlog_at_ready`` and ``backlog_cleared_after_s``: every durable consumer's
   pending plus unacknowledged messages when the CR turned Ready, and how long until none;
 - ``status_condition_changes``: the status service's node condition as the node watch saw
@@ -171,6 +174,46 @@ def queue_samples(text: str) -> QueueSamples:
             if not sample.name.endswith(("_bucket", "_created")):
                 key = (sample.name, sample.labels["name"], sample.labels.get("priority", ""))
                 out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+PassSamples = dict[tuple[str, str], float]
+"""("count" or "sum", phase) -> value of ``nodewright_scheduler_pass_phase_seconds``."""
+
+
+def scheduler_passes(fleet: Fleet) -> PassSamples:
+    """Every replica's pass samples summed (only the leader's move)."""
+    out: PassSamples = {}
+    for r in replicas(fleet):
+        for key, value in pass_samples(metrics_page(r)).items():
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def pass_samples(text: str) -> PassSamples:
+    """The scheduler's pass-phase counts and sums of one /metrics page."""
+    out: PassSamples = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "nodewright_scheduler_pass_phase_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith(("_count", "_sum")):
+                key = (sample.name.rsplit("_", 1)[1], sample.labels["phase"])
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+def pass_figures(before: PassSamples, after: PassSamples) -> dict[str, dict[str, float]]:
+    """``scheduler_pass`` of the JSON: per phase of the scheduler's passes, how many there
+    were between the two readings, their mean and their sum in seconds."""
+    out: dict[str, dict[str, float]] = {}
+    for (sample, phase), value in sorted(after.items()):
+        if sample != "count":
+            continue
+        n = value - before.get(("count", phase), 0.0)
+        total = after.get(("sum", phase), 0.0) - before.get(("sum", phase), 0.0)
+        if n:
+            out[phase] = {"n": int(n), "mean_s": round(total / n, 4), "sum_s": round(total, 2)}
     return out
 
 
@@ -494,6 +537,7 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
         before_own = service_requests(fleet)
         before_codes = service_requests(fleet, by_code=True)
         before_queues = work_queues(fleet)
+        before_passes = scheduler_passes(fleet)
         before_cpu = cpu_by_service(fleet)
         before_rig_cpu = cpu_by_component(rig)
         before_events = await stream_messages(rig.endpoints.nats_url)
@@ -526,6 +570,7 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
         after_own = service_requests(fleet)
         after_codes = service_requests(fleet, by_code=True)
         after_queues = work_queues(fleet)
+        after_passes = scheduler_passes(fleet)
         after_cpu = cpu_by_service(fleet)
         after_events = await stream_messages(rig.endpoints.nats_url)
         backlog_at_ready = await consumer_backlog(rig.endpoints.nats_url)
@@ -616,6 +661,7 @@ async def run(args: argparse.Namespace, rig: Rig, fleet: Fleet) -> dict[str, Any
             "per_step": timeline.phases(),
         },
         "work_queues": queue_figures(before_queues, after_queues),
+        "scheduler_pass": pass_figures(before_passes, after_passes),
         "consumer_backlog_at_ready": backlog_at_ready,
         "backlog_cleared_after_s": cleared_after,
         "status_condition_changes": dict(timeline.condition_changes.most_common()),

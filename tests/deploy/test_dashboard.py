@@ -151,6 +151,7 @@ def test_every_query_selects_only_metrics_the_services_export(
         "nodewright_kube_requests_total",
         *_series("nodewright_stage_duration_seconds", "histogram"),
         *_series("nodewright_drain_duration_seconds", "histogram"),
+        *_series("nodewright_scheduler_pass_phase_seconds", "histogram"),
         "nodewright_workqueue_depth",
         "nodewright_workqueue_adds_total",
         "nodewright_workqueue_retries_total",

@@ -1,11 +1,13 @@
-"""``bench.rollout``'s work-queue figures: what a service's queue did between two readings
-of its metrics (the figures themselves are judged by running the benchmark)."""
+"""``bench.rollout``'s work-queue and scheduler-pass figures: what a service's queue, and the
+scheduler's passes, did between two readings of its metrics (the figures themselves are
+judged by running the benchmark)."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from bench.rollout import QueueSamples, queue_figures, queue_samples
+from bench.rollout import QueueSamples, pass_figures, pass_samples, queue_figures, queue_samples
+from services.scheduler.service import pass_histogram
 from shared.workqueue import QueueMetrics
 
 
@@ -35,4 +37,19 @@ def test_the_figures_are_the_difference_between_two_readings() -> None:
             "work_s": 0.25,
             "retries": 1,
         }
+    }
+
+
+def test_the_pass_figures_are_per_phase_between_two_readings() -> None:
+    registry = CollectorRegistry()
+    h = pass_histogram(registry)
+    h.labels("decide").observe(0.5)
+    before = pass_samples(generate_latest(registry).decode())
+    h.labels("decide").observe(0.1)
+    h.labels("decide").observe(0.3)
+    h.labels("admissions").observe(2.0)
+    after = pass_samples(generate_latest(registry).decode())
+    assert pass_figures(before, after) == {
+        "admissions": {"n": 1, "mean_s": 2.0, "sum_s": 2.0},
+        "decide": {"n": 2, "mean_s": 0.2, "sum_s": 0.4},
     }
