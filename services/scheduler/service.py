@@ -290,7 +290,8 @@ class Scheduler:
             nonlocal decided_s
             started = time.perf_counter()
             try:
-                return fleet.decide(self._fleet(), cr, now)
+                # The reasons of the waiting nodes are the status service's to write.
+                return fleet.decide(self._fleet(), cr, now, explain_waits=False)
             finally:
                 decided_s += time.perf_counter() - started
 

@@ -207,8 +207,10 @@ def decide(
     *,
     book: BatchBook | None = None,
     ignore_windows: bool = False,
+    explain_waits: bool = True,
 ) -> kernel.Plan:
-    """``cr``'s decision now, from its batch book (``book``, default: the one on ``cr``)."""
+    """``cr``'s decision now, from its batch book (``book``, default: the one on ``cr``);
+    ``explain_waits``: see :func:`shared.rollout.kernel.plan`."""
     policy = None
     if cr.spec.deployment_policy:
         policy = fleet.policies.get(cr.spec.deployment_policy)
@@ -227,4 +229,5 @@ def decide(
             cluster_budget=fleet.settings.cluster_budget,
             nodes_seen=fleet.nodes_seen,
         ),
+        explain_waits=explain_waits,
     )

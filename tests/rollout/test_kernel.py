@@ -82,13 +82,24 @@ class Rollout:
     """Per step, the nodes whose admissions it released."""
 
     def decide(self) -> kernel.Plan:
-        return kernel.plan(
-            cr=self.cr,
-            policy=self.policy,
-            nodes=list(self.nodes.values()),
-            book=self.book,
-            ctx=kernel.Context(now=self.now, caps=self.caps),
+        def plan(explain_waits: bool) -> kernel.Plan:
+            return kernel.plan(
+                cr=self.cr,
+                policy=self.policy,
+                nodes=list(self.nodes.values()),
+                book=self.book,
+                ctx=kernel.Context(now=self.now, caps=self.caps),
+                explain_waits=explain_waits,
+            )
+
+        explained = plan(True)
+        # The scheduler's decision, without the reasons, is the same decision at every step.
+        assert plan(False) == replace(
+            explained,
+            nodes={},
+            compartments=tuple(replace(c, waiting=None) for c in explained.compartments),
         )
+        return explained
 
     def step(self) -> kernel.Plan:
         """One pass of the scheduler's shell: the releases are written, the decision is
