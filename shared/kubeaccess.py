@@ -15,6 +15,7 @@ Not this module's job: what a request means or how its answer is decoded (:mod:`
 
 from __future__ import annotations
 
+import asyncio.sslproto
 import base64
 import os
 import ssl
@@ -38,6 +39,25 @@ TOKEN_REREAD_S = 60.0
 rotates a projected service-account token well before it expires (as client-go does)."""
 READ_BUFFER = 2**21
 """A watch event can carry a large object (etcd takes requests up to 1.5 MiB)."""
+TLS_READ_BUFFER = 64 * 1024
+"""Bytes asyncio reads from a TLS connection at once: a buffer each connection holds for
+its life (see :func:`lean_tls_reads`)."""
+
+
+def lean_tls_reads() -> None:
+    """Give every TLS connection of the process a read buffer of :data:`TLS_READ_BUFFER`
+    instead of asyncio's 256 KiB (``asyncio.sslproto.SSLProtocol.max_size``, Python 3.11+).
+
+    Each connection allocates and zero-fills that buffer when it opens. Measured here with
+    aiohttp over TLS on loopback, a connection held 317 KiB; with 64 KiB, 124 KiB. One
+    process running the five services keeps 100 to 170 connections to the API server in a
+    rollout of 1,000 to 10,000 nodes: about 30 MB of its memory (issue 15). The cost: a
+    30 MB answer (a LIST of 10,000 nodes) read in 64 KiB pieces took 12 % more CPU (43
+    against 38 ms). A TLS record carries at most 16 KiB, so no record is split the more.
+    Process-wide and idempotent; a Python without the attribute is left as it is."""
+    protocol = asyncio.sslproto.SSLProtocol
+    if getattr(protocol, "max_size", 0) > TLS_READ_BUFFER:
+        protocol.max_size = TLS_READ_BUFFER
 
 
 class ConfigError(Exception):
@@ -99,6 +119,7 @@ class Session:
     How many streams a process opens is fixed by its code, so their pool has no limit."""
 
     def __init__(self, access: Access, *, max_in_flight: int) -> None:
+        lean_tls_reads()
         self.access = access
         self._session = self._open(access, limit=max_in_flight)
         self._streams = self._open(access, limit=0)  # aiohttp: 0 is no limit
