@@ -13,8 +13,10 @@ def test_the_kernel_benchmark_reports_both_ways_of_reading_the_nodewright() -> N
         figures = out[way]
         assert set(figures) == {
             "decide_ms",
+            "schedule_ms",
             "assess_ms",
             "decide_ms_per_1000_nodes",
+            "schedule_ms_per_1000_nodes",
             "assess_ms_per_1000_nodes",
         }
         assert all(v >= 0 for v in figures.values())
