@@ -274,16 +274,22 @@ class Scheduler:
         # Only a deletion's finalizer reads the nodes (a pass over all of them otherwise).
         facts = [self._facts(n, name) for n in self.nodes.values()] if progress.deleting(cr) else []
         finalizer = core.finalizer(cr, facts)
-        if finalizer.action == "add":
+        # No node is admitted before the finalizer is in place: a deletion racing the first
+        # admission still uninstalls and releases. A NodeWright's first batch book is written
+        # with it in one write (every admission comes after a book write), which saves the
+        # first cordon a round trip and every NodeWright watcher a change (issue 15).
+        with_book = (
+            finalizer.action == "add"
+            and rollout_book.BATCHES_ANNOTATION not in cr.metadata.annotations
+        )
+        if finalizer.action == "add" and not with_book:
             written = await self._set_finalizers(cr, [*cr.metadata.finalizers, core.FINALIZER])
             if written is None:
-                # No node is admitted before the finalizer is in place: a deletion racing the
-                # first admission still uninstalls and releases.
                 self.controller.queue.add(name, after=0.5)
                 return None
             cr = written  # its resourceVersion is the one the book write must carry
         now = self.ctx.clock()
-        writer = _PassWriter(self, cr)
+        writer = _PassWriter(self, cr, add_finalizer=with_book)
         decided_s = 0.0
 
         def decide() -> kernel.Plan:
@@ -303,6 +309,14 @@ class Scheduler:
         for phase, (began, ended) in writer.spans.items():
             self._pass_seconds.labels(phase).observe(ended - began)
         cr = writer.cr  # as the book write left it
+        if with_book and core.FINALIZER not in cr.metadata.finalizers:
+            # No book was written (nothing to admit), or it was lost (nothing admitted):
+            # the finalizer on its own.
+            written = await self._set_finalizers(cr, [*cr.metadata.finalizers, core.FINALIZER])
+            if written is None:
+                self.controller.queue.add(name, after=0.5)
+                return None
+            cr = written
         for note in outcome.plan.events:
             _log.info("Changed batch state", extra={"nodewright": name, "change": note})
         if outcome.lost:
@@ -366,19 +380,23 @@ class Scheduler:
         return out
 
     async def _write_book(
-        self, cr: api.NodeWright, book: rollout_book.BatchBook
+        self, cr: api.NodeWright, book: rollout_book.BatchBook, *, add_finalizer: bool = False
     ) -> api.NodeWright | None:
-        """Persist the batch book on the CR; the CR as written, or None if the book or the
-        spec changed meanwhile.
+        """Persist the batch book on the CR (the first one with :data:`core.FINALIZER` when
+        ``add_finalizer``); the CR as written, or None if the book or the spec changed
+        meanwhile.
 
         A compare-and-swap of the book alone (JSON patch ``test`` of the book the pass read
         and of the generation, 422 when either moved): the status service writes the CR's
         status several times a second in a rollout, and a resourceVersion precondition
         lost to each of those (a third of the scheduler's CR writes were 409s, issue 15).
-        The first book has nothing to test: that write carries the resourceVersion."""
+        The first book has nothing to test: that write carries the resourceVersion (and
+        so may replace the finalizers' list whole)."""
         value = rollout_book.encode_batch_book(book)
         before = cr.metadata.annotations.get(rollout_book.BATCHES_ANNOTATION)
         path = f"{NODEWRIGHTS}/{cr.metadata.name}"
+        if add_finalizer and before is not None:
+            raise ValueError("the finalizer goes with the first batch book only")
         try:
             if before is None:
                 body: JSON = {
@@ -387,6 +405,8 @@ class Scheduler:
                         "annotations": {rollout_book.BATCHES_ANNOTATION: value},
                     }
                 }
+                if add_finalizer:
+                    body["metadata"]["finalizers"] = [*cr.metadata.finalizers, core.FINALIZER]
                 written = await self.ctx.kube.patch(path, body)
             else:
                 pointer = "/metadata/annotations/" + rollout_book.BATCHES_ANNOTATION.replace(
@@ -498,8 +518,12 @@ class Scheduler:
 class _PassWriter:
     """:class:`services.scheduler.passing.Writer` for one pass over one NodeWright."""
 
-    def __init__(self, scheduler: Scheduler, cr: api.NodeWright) -> None:
+    def __init__(
+        self, scheduler: Scheduler, cr: api.NodeWright, *, add_finalizer: bool = False
+    ) -> None:
         self.scheduler, self.cr = scheduler, cr
+        self.add_finalizer = add_finalizer
+        """The NodeWright's first book write carries the finalizer."""
         self.spans: dict[str, tuple[float, float]] = {}
         """Phase -> (first write sent, last answered), monotonic: the concurrent writes of
         a phase take the time between (``nodewright_scheduler_pass_phase_seconds``)."""
@@ -524,10 +548,12 @@ class _PassWriter:
         if not self.scheduler.leader.is_leader:
             return False  # lost the lease mid-pass: the new leader decides
         with self._span("book"):
-            written = await self.scheduler._write_book(self.cr, book)
+            written = await self.scheduler._write_book(
+                self.cr, book, add_finalizer=self.add_finalizer
+            )
         if written is None:
             return False
-        self.cr = written
+        self.cr, self.add_finalizer = written, False
         return True
 
     async def write_admission(self, admit: kernel.Admit) -> bool:

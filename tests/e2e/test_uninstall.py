@@ -8,7 +8,10 @@ packages it could not uninstall; a paused deletion says why and finishes once re
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -16,7 +19,8 @@ import pytest
 from nodewright import manifests
 from services.scheduler.core import FINALIZER
 from shared import api, nodestate
-from shared.kube import ApiError, Kube
+from shared.kube import JSON, ApiError, Kube
+from shared.rollout.book import BATCHES_ANNOTATION
 from tests.e2e.conftest import NODES, Sampler, Services, read_cr
 from tests.e2e.test_lifecycle import _cr, _executor, _patch_cr, _start, _wait_done
 from tests.helpers.podlog import pod_log
@@ -104,6 +108,28 @@ async def _gone(kapi: Kube, name: str) -> bool:
     return False
 
 
+@contextlib.asynccontextmanager
+async def _versions(kapi: Kube, name: str) -> AsyncIterator[list[JSON]]:
+    """Every version of NodeWright ``name`` written while inside, in order."""
+    since = str((await kapi.get(manifests.NODEWRIGHTS))["metadata"]["resourceVersion"])
+    seen: list[JSON] = []
+
+    async def follow() -> None:
+        async for event in kapi.watch(
+            manifests.NODEWRIGHTS, resource_version=since, fieldSelector=f"metadata.name={name}"
+        ):
+            if event["type"] in ("ADDED", "MODIFIED"):
+                seen.append(event["object"])
+
+    task = asyncio.create_task(follow())
+    try:
+        yield seen
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 def _ours(node: dict[str, Any], cr: str) -> list[str]:
     """This CR's annotations on the node."""
     return sorted(k for k in nodestate.annotations_of(node) if k.endswith(f"/{cr}"))
@@ -138,9 +164,13 @@ async def test_deleting_a_nodewright_uninstalls_what_it_can_within_its_budget_th
         "driver": {"version": "2.0.0", "image": "registry.example/driver"},
     }
     async with pod_log(kapi, services.namespace) as log:
-        await manifests.apply(kapi, _cr("bye", packages, 2))
-        await _wait_done(kapi, "bye", "the install")
+        async with _versions(kapi, "bye") as versions:
+            await manifests.apply(kapi, _cr("bye", packages, 2))
+            await _wait_done(kapi, "bye", "the install")
         assert FINALIZER in (await read_cr(kapi, "bye")).metadata.finalizers
+        # The finalizer came in the write of the first batch book, before any admission.
+        first = next(v for v in versions if FINALIZER in v["metadata"].get("finalizers", []))
+        assert BATCHES_ANNOTATION in first["metadata"].get("annotations", {}), first["metadata"]
         mark = len(log.events)
 
         async def cordoned() -> int:
