@@ -79,10 +79,11 @@ import sys
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import nats
 from prometheus_client.parser import text_string_to_metric_families
@@ -151,17 +152,24 @@ def service_requests(fleet: Fleet, *, by_code: bool = False) -> dict[str, Counte
     return out
 
 
+K = TypeVar("K")
+
 QueueSamples = dict[tuple[str, str, str], float]
 """(sample name, queue name, lane or "") -> value."""
 
 
-def work_queues(fleet: Fleet) -> QueueSamples:
-    """Every replica's ``nodewright_workqueue_*`` samples summed."""
-    out: QueueSamples = {}
+def _summed(fleet: Fleet, read: Callable[[str], dict[K, float]]) -> dict[K, float]:
+    """What ``read`` takes from each replica's /metrics page, summed over the replicas."""
+    out: dict[K, float] = {}
     for r in replicas(fleet):
-        for key, value in queue_samples(metrics_page(r)).items():
+        for key, value in read(metrics_page(r)).items():
             out[key] = out.get(key, 0.0) + value
     return out
+
+
+def work_queues(fleet: Fleet) -> QueueSamples:
+    """Every replica's ``nodewright_workqueue_*`` samples summed."""
+    return _summed(fleet, queue_samples)
 
 
 def queue_samples(text: str) -> QueueSamples:
@@ -183,11 +191,7 @@ PassSamples = dict[tuple[str, str], float]
 
 def scheduler_passes(fleet: Fleet) -> PassSamples:
     """Every replica's pass samples summed (only the leader's move)."""
-    out: PassSamples = {}
-    for r in replicas(fleet):
-        for key, value in pass_samples(metrics_page(r)).items():
-            out[key] = out.get(key, 0.0) + value
-    return out
+    return _summed(fleet, pass_samples)
 
 
 def pass_samples(text: str) -> PassSamples:
