@@ -310,8 +310,12 @@ class Scheduler:
             self._pass_seconds.labels(phase).observe(ended - began)
         cr = writer.cr  # as the book write left it
         if with_book and core.FINALIZER not in cr.metadata.finalizers:
-            # No book was written (nothing to admit), or it was lost (nothing admitted):
-            # the finalizer on its own.
+            if writer.book_lost:
+                # Lost with the book (nothing was admitted): the next pass writes both. A
+                # write of its own now would carry the same stale resourceVersion.
+                self.controller.queue.add(name, after=0.5)
+                return None
+            # No book was written (nothing to admit): the finalizer on its own.
             written = await self._set_finalizers(cr, [*cr.metadata.finalizers, core.FINALIZER])
             if written is None:
                 self.controller.queue.add(name, after=0.5)
@@ -524,6 +528,8 @@ class _PassWriter:
         self.scheduler, self.cr = scheduler, cr
         self.add_finalizer = add_finalizer
         """The NodeWright's first book write carries the finalizer."""
+        self.book_lost = False
+        """The book write was refused (the NodeWright changed since it was read)."""
         self.spans: dict[str, tuple[float, float]] = {}
         """Phase -> (first write sent, last answered), monotonic: the concurrent writes of
         a phase take the time between (``nodewright_scheduler_pass_phase_seconds``)."""
@@ -552,6 +558,7 @@ class _PassWriter:
                 self.cr, book, add_finalizer=self.add_finalizer
             )
         if written is None:
+            self.book_lost = True
             return False
         self.cr, self.add_finalizer = written, False
         return True
