@@ -283,9 +283,8 @@ class Scheduler:
             and rollout_book.BATCHES_ANNOTATION not in cr.metadata.annotations
         )
         if finalizer.action == "add" and not with_book:
-            written = await self._set_finalizers(cr, [*cr.metadata.finalizers, core.FINALIZER])
+            written = await self._add_finalizer(cr)
             if written is None:
-                self.controller.queue.add(name, after=0.5)
                 return None
             cr = written  # its resourceVersion is the one the book write must carry
         now = self.ctx.clock()
@@ -316,9 +315,8 @@ class Scheduler:
                 self.controller.queue.add(name, after=0.5)
                 return None
             # No book was written (nothing to admit): the finalizer on its own.
-            written = await self._set_finalizers(cr, [*cr.metadata.finalizers, core.FINALIZER])
+            written = await self._add_finalizer(cr)
             if written is None:
-                self.controller.queue.add(name, after=0.5)
                 return None
             cr = written
         for note in outcome.plan.events:
@@ -342,6 +340,14 @@ class Scheduler:
             self.controller.queue.add(name, after=0.5)
             return None
         return self.ctx.settings.resync_interval_s
+
+    async def _add_finalizer(self, cr: api.NodeWright) -> api.NodeWright | None:
+        """Add :data:`core.FINALIZER` on its own; the CR as written, or None if it changed
+        meanwhile (the pass is queued again)."""
+        written = await self._set_finalizers(cr, [*cr.metadata.finalizers, core.FINALIZER])
+        if written is None:
+            self.controller.queue.add(cr.metadata.name, after=0.5)
+        return written
 
     async def _set_finalizers(
         self, cr: api.NodeWright, finalizers: list[str]
