@@ -41,6 +41,7 @@ Prints one JSON object:
 - ``scheduler_pass``: per phase of the scheduler's passes (``rest``: waiting for its share
   of the time; ``decide``: computing the decisions; ``releases``, ``book``, ``admissions``:
   their writes, first sent to last answered), how many, their mean and sum in seconds;
+  ``released_via``: the releases written as soon as due (``fast``) and by a pass (``pass``);
 - ``consumer_backlog_at_ready`` and ``backlog_cleared_after_s``: every durable consumer's
   pending plus unacknowledged messages when the CR turned Ready, and how long until none;
 - ``status_condition_changes``: the status service's node condition as the node watch saw
@@ -198,12 +199,16 @@ def pass_samples(text: str) -> PassSamples:
     """The scheduler's pass-phase counts and sums of one /metrics page."""
     out: PassSamples = {}
     for family in text_string_to_metric_families(text):
-        if family.name != "nodewright_scheduler_pass_phase_seconds":
-            continue
         for sample in family.samples:
-            if sample.name.endswith(("_count", "_sum")):
+            if family.name == "nodewright_scheduler_pass_phase_seconds" and sample.name.endswith(
+                ("_count", "_sum")
+            ):
                 key = (sample.name.rsplit("_", 1)[1], sample.labels["phase"])
-                out[key] = out.get(key, 0.0) + sample.value
+            elif sample.name == "nodewright_scheduler_releases_total":
+                key = ("released", sample.labels["via"])
+            else:
+                continue
+            out[key] = out.get(key, 0.0) + sample.value
     return out
 
 
@@ -212,6 +217,8 @@ def pass_figures(before: PassSamples, after: PassSamples) -> dict[str, dict[str,
     were between the two readings, their mean and their sum in seconds."""
     out: dict[str, dict[str, float]] = {}
     for (sample, phase), value in sorted(after.items()):
+        if sample == "released":
+            out.setdefault("released_via", {})[phase] = int(value - before.get((sample, phase), 0))
         if sample != "count":
             continue
         n = value - before.get(("count", phase), 0.0)

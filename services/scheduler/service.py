@@ -16,6 +16,12 @@ instant whatever write is lost:
 3. it writes each admission with the resourceVersion the fence recorded, and publishes
    ``node.selected`` / ``node.completed`` for what was written.
 
+A release that comes due is also written at once, outside any pass (its own work key,
+:class:`ReleaseKey`): a release only frees a slot, so it needs no decision over the fleet,
+and a pass that decided before it errs on the safe side. Then the NodeWright's pass is
+queued to use the slot. The pass still releases what this fast path missed; the two paths
+never write one release twice.
+
 It also owns the NodeWright's finalizer: added before the first admission; on deletion the
 same decisions admit nodes for their uninstalls, and once nothing of the CR holds a node the
 finalizer goes (each service then removes its own records of the NodeWright). Decisions of
@@ -31,9 +37,10 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Literal, NamedTuple
 
 import msgspec
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.scheduler import core, passing
 from services.scheduler.config import Settings
@@ -57,11 +64,24 @@ from shared.records.scheduler import Selection
 from shared.rollout import book as rollout_book, fleet, kernel
 
 NAME = "scheduler"
+
+
+class ReleaseKey(NamedTuple):
+    """A work key of its own for one node's release (the fast path), beside the NodeWright
+    names that key the passes."""
+
+    cr: str
+    node: str
+
+
 CONCURRENT_WRITES = 40
 """Admissions (or releases) of one pass in flight at once: a batch of 100 opens in three
 round trips instead of 100 (issue 15; with 16, a batch of 100 took 1.2-2.4 s to admit at
 1,000 nodes here); below the service's own limit (qps_burst, 50; watches are not
 counted), so the leader lease and the batch book never wait behind them."""
+RELEASE_WORKERS = 8
+"""Releases written at once by the fast path (:meth:`Scheduler._release_now`), beside a
+pass's CONCURRENT_WRITES: together still under the service's qps_burst."""
 PASS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 """Seconds: a decision over 100 nodes takes a few milliseconds, one over 10,000 a tenth of
 a second; a batch of 1,000 admissions a second or more."""
@@ -78,6 +98,16 @@ def pass_histogram(registry: CollectorRegistry) -> Histogram:
         "admissions",
         ["phase"],
         buckets=PASS_BUCKETS,
+        registry=registry,
+    )
+
+
+def release_counter(registry: CollectorRegistry) -> Counter:
+    """Releases written, by the path that wrote them: ``fast`` (as soon as due) or ``pass``."""
+    return Counter(
+        "nodewright_scheduler_releases",
+        "Admissions released, by what wrote them: fast (as soon as due) or pass",
+        ["via"],
         registry=registry,
     )
 
@@ -100,6 +130,7 @@ class Scheduler:
         """NodeWright -> monotonic time before which its next pass does not decide
         (``SchedulerSettings.decision_share``)."""
         self._pass_seconds = pass_histogram(ctx.registry)
+        self._releases = release_counter(ctx.registry)
         self.publisher = streaming.Publisher(
             ctx.bus, source=f"{NAME}/{ctx.identity}", registry=ctx.registry
         )
@@ -109,8 +140,17 @@ class Scheduler:
             name="nodewright-scheduler",
             identity=ctx.identity,
         )
-        self.controller: Controller[str] = Controller(
-            ctx=ctx, name=NAME, reconcile=self.reconcile, all_keys=self._resync_keys, workers=4
+        self._releasing: dict[ReleaseKey, asyncio.Future[bool]] = {}
+        """Releases being written: the fast path's and a pass's write of one release are
+        one write (the second waits for the first's outcome instead of losing a race)."""
+        self.controller: Controller[str | ReleaseKey] = Controller(
+            ctx=ctx,
+            name=NAME,
+            reconcile=self.reconcile,
+            all_keys=self._resync_keys,
+            # A pass holds a worker for its writes (16 s to open a batch of 1,000); the
+            # others write releases as they come due.
+            workers=RELEASE_WORKERS + 4,
         )
         c = self.controller
         self.crs: Informer = c.watch(NODEWRIGHTS, to_keys=self._cr_keys, name="nodewrights")
@@ -138,7 +178,7 @@ class Scheduler:
                 batch=128,
                 concurrency=256,
             ),
-            to_keys=lambda e: [e.cr],
+            to_keys=self._event_keys,
         )
 
     # ---- key mapping ------------------------------------------------------------------
@@ -146,7 +186,14 @@ class Scheduler:
     def all_crs(self) -> Iterable[str]:
         return [str(o["metadata"]["name"]) for o in self.crs.values()]
 
-    def _resync_keys(self) -> Iterable[str]:
+    def _event_keys(self, event: events.AnyEvent) -> list[str | ReleaseKey]:
+        if isinstance(event, events.NodeUncordoned) and event.node:
+            # The drainer let go: the release may be due (if the cache has seen it so far;
+            # else the node's change queues it).
+            return [event.cr, ReleaseKey(event.cr, event.node)]
+        return [event.cr]
+
+    def _resync_keys(self) -> Iterable[str | ReleaseKey]:
         """Every NodeWright, and every gone one whose outbox a node still holds."""
         gone = {
             cr
@@ -171,16 +218,18 @@ class Scheduler:
             if (cr.get("spec") or {}).get("deploymentPolicy") == name
         ]
 
-    def _node_keys(self, old: JSON | None, new: JSON | None) -> Iterable[str]:
+    def _node_keys(self, old: JSON | None, new: JSON | None) -> Iterable[str | ReleaseKey]:
         if new is None and old is not None:
             self._facts.forget(str(old["metadata"]["name"]))
         if node_unchanged(old, new):
             return []
+        due: list[str | ReleaseKey] = []
         if new is not None:
             # Outboxes whose events the stream may not hold (a scheduler died between its
             # write and its publish): the next pass of their NodeWright publishes them,
             # without looking through every node on every pass.
             self.unflushed.note(new, lambda c: self.crs.get(c) is None)
+            due.extend(self._releases_due(new))
         if old is not None and new is not None and old is not new:
             # A change no decision reads (a stage or check step, the status service's node
             # condition, an outbox drain) wakes nothing; the informer's replay (old is new)
@@ -189,18 +238,34 @@ class Scheduler:
             if fleet.wake_signature(crs, old, self._facts) == fleet.wake_signature(
                 crs, new, self._facts
             ):
-                return []
+                return due
         # Any node change may free or need a slot of any NodeWright; the queue coalesces.
         gone = [
             cr
             for cr in (outbox.crs_with(new, nodestate.SCHEDULER) if new is not None else [])
             if self.crs.get(cr) is None
         ]
-        return [*self.all_crs(), *gone]
+        return [*due, *self.all_crs(), *gone]
+
+    def _releases_due(self, node: JSON) -> list[ReleaseKey]:
+        """The admissions on ``node`` whose release is due, each a key of its own."""
+        held = nodestate.crs_with(node, nodestate.SCHEDULER)
+        if not held:
+            return []
+        name = str(node["metadata"]["name"])
+        return [
+            ReleaseKey(cr.metadata.name, name)
+            for cr in self._decoded_crs()
+            if cr.metadata.name in held
+            and kernel.releases(cr, [self._facts(node, cr.metadata.name)])
+        ]
 
     # ---- reconcile ----------------------------------------------------------------------
 
-    async def reconcile(self, name: str) -> float | None:
+    async def reconcile(self, key: str | ReleaseKey) -> float | None:
+        if isinstance(key, ReleaseKey):
+            return await self._release_now(key)
+        name = key
         rest = self._rest_until.get(name, 0.0) - time.monotonic()
         if rest > 0:
             # Before reading anything: the pass decides on what the caches hold after it,
@@ -228,6 +293,30 @@ class Scheduler:
         # shared budget together. (A missing policy starts nothing new; releases go on.)
         async with self._decide:
             return await self._decide_for(cr)
+
+    async def _release_now(self, key: ReleaseKey) -> float | None:
+        """The release fast path: a node whose release is due is released at once, not by
+        the next pass of its NodeWright, which may be writing a batch's admissions for many
+        seconds (at 10,000 nodes the release lag's p99 was 7 s, most of it waiting for
+        passes; issue 15). A release only frees a slot, so it needs no decision over the
+        fleet, nor the lock: a pass that decided before it counts the slot as held, which
+        errs on the safe side. Once written, the NodeWright's pass is queued to use the
+        slot. The pass releases what this path missed (the resync runs one)."""
+        if not self.leader.is_leader:
+            return None
+        raw, node = self.crs.get(key.cr), self.nodes.get(key.node)
+        if raw is None or node is None:
+            return None  # gone: the pass (or the outboxes' tidy-up) handles what is left
+        try:
+            cr = self._decode(raw)
+        except msgspec.ValidationError:
+            return None  # the pass logs it
+        if progress.deleting(cr) and core.FINALIZER not in cr.metadata.finalizers:
+            return None  # as the pass: ours is done
+        due = kernel.releases(cr, [self._facts(node, key.cr)])
+        if due and await self._release(cr, due[0], via="fast"):
+            self.controller.queue.add(key.cr)  # its slot is free: decide
+        return None
 
     async def _tidy_outboxes(self, cr: str) -> float | None:
         """The NodeWright is gone: its releases wrote the scheduler's last records of it, so
@@ -471,8 +560,36 @@ class Scheduler:
         self.controller.queue.add(cr, after=0.5)  # the node changed: decide again
         return False
 
-    async def _release(self, cr: api.NodeWright, release: kernel.Release) -> bool:
-        """Remove the admission; True once written (only then is its slot free)."""
+    async def _release(
+        self, cr: api.NodeWright, release: kernel.Release, *, via: Literal["fast", "pass"]
+    ) -> bool:
+        """Remove the admission; True once written (only then is its slot free). A release
+        the other path is writing is not written twice: its outcome is this one's."""
+        key = ReleaseKey(cr.metadata.name, release.node)
+        pending = self._releasing.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._releasing[key] = done
+        try:
+            outcome = await self._write_release(cr, release)
+            if outcome == "written":
+                self._releases.labels(via).inc()
+            done.set_result(outcome != "lost")
+            return outcome != "lost"
+        finally:
+            del self._releasing[key]
+            if not done.done():
+                done.set_result(False)  # it raised or was cancelled: not written
+
+    async def _write_release(
+        self, cr: api.NodeWright, release: kernel.Release
+    ) -> Literal["written", "free", "lost"]:
+        cached = self.nodes.get(release.node)
+        if cached is not None and cr.metadata.name not in nodestate.crs_with(
+            cached, nodestate.SCHEDULER
+        ):
+            return "free"  # written meanwhile by the other path (the cache has it)
         completed = (
             events.NodeCompleted(
                 id=events.event_id(
@@ -488,12 +605,12 @@ class Scheduler:
             else None
         )
         if not await self._write(cr.metadata.name, release.node, None, event=completed):
-            return False
+            return "lost"
         _log.info(
             "Released Node",
             extra={"nodewright": cr.metadata.name, "node": release.node, "done": release.done},
         )
-        return True
+        return "written"
 
     def _selected(self, cr: api.NodeWright, admit: kernel.Admit) -> events.NodeSelected:
         desired = progress.desired(cr)
@@ -554,7 +671,7 @@ class _PassWriter:
 
     async def write_release(self, release: kernel.Release) -> bool:
         with self._span("releases"):
-            return await self.scheduler._release(self.cr, release)
+            return await self.scheduler._release(self.cr, release, via="pass")
 
     async def write_book(self, book: rollout_book.BatchBook) -> bool:
         if not self.scheduler.leader.is_leader:

@@ -149,6 +149,7 @@ def test_every_query_selects_only_metrics_the_services_export(
         "nodewright_status_writes_total",
         "nodewright_status_kube_events_total",
         "nodewright_kube_requests_total",
+        "nodewright_scheduler_releases_total",
         *_series("nodewright_stage_duration_seconds", "histogram"),
         *_series("nodewright_drain_duration_seconds", "histogram"),
         *_series("nodewright_scheduler_pass_phase_seconds", "histogram"),

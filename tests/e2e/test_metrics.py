@@ -101,19 +101,25 @@ async def test_what_the_services_serve_is_lint_clean_and_what_the_dashboard_quer
             names_here |= _series(family.name, family.type)
             for sample in family.samples:
                 names_here.add(sample.name)
-                if sample.name.endswith(("_duration_seconds_count", "_phase_seconds_count")):
-                    phase = sample.labels.get("phase")
-                    key = f"{service}:{sample.name}" + (f":{phase}" if phase else "")
+                if sample.name.endswith(
+                    ("_duration_seconds_count", "_phase_seconds_count", "_releases_total")
+                ):
+                    label = sample.labels.get("phase") or sample.labels.get("via")
+                    key = f"{service}:{sample.name}" + (f":{label}" if label else "")
                     samples[key] = samples.get(key, 0.0) + sample.value
         assert {"process_cpu_seconds_total", "process_resident_memory_bytes"} <= names_here, service
         exported[service] = names_here
     # Three nodes, each drained once and through two stages (apply, config): counted once.
     assert samples.get("drainer:nodewright_drain_duration_seconds_count") == 3, samples
     assert samples.get("executor:nodewright_stage_duration_seconds_count") == 6, samples
-    # The scheduler's passes decided, wrote batch books, admitted and released.
-    for phase in ("decide", "book", "admissions", "releases"):
+    # The scheduler's passes decided, wrote batch books and admitted. Each node was released
+    # once, as soon as it was due (the fast path) unless a pass saw it first.
+    for phase in ("decide", "book", "admissions"):
         key = f"scheduler:nodewright_scheduler_pass_phase_seconds_count:{phase}"
         assert samples.get(key, 0) >= 1, samples
+    released = "scheduler:nodewright_scheduler_releases_total"
+    fast, by_pass = samples.get(f"{released}:fast", 0), samples.get(f"{released}:pass", 0)
+    assert (fast + by_pass, fast >= 1) == (3, True), samples
     every = set().union(*exported.values())
     dashboard = json.loads(DASHBOARD.read_text())
     queries = list(_exprs(dashboard))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 
 from bench.rollout import QueueSamples, pass_figures, pass_samples, queue_figures, queue_samples
-from services.scheduler.service import pass_histogram
+from services.scheduler.service import pass_histogram, release_counter
 from shared.workqueue import QueueMetrics
 
 
@@ -42,14 +42,18 @@ def test_the_figures_are_the_difference_between_two_readings() -> None:
 
 def test_the_pass_figures_are_per_phase_between_two_readings() -> None:
     registry = CollectorRegistry()
-    h = pass_histogram(registry)
+    h, released = pass_histogram(registry), release_counter(registry)
     h.labels("decide").observe(0.5)
+    released.labels("fast").inc(3)
     before = pass_samples(generate_latest(registry).decode())
     h.labels("decide").observe(0.1)
     h.labels("decide").observe(0.3)
     h.labels("admissions").observe(2.0)
+    released.labels("fast").inc(5)
+    released.labels("pass").inc()
     after = pass_samples(generate_latest(registry).decode())
     assert pass_figures(before, after) == {
         "admissions": {"n": 1, "mean_s": 2.0, "sum_s": 2.0},
         "decide": {"n": 2, "mean_s": 0.2, "sum_s": 0.4},
+        "released_via": {"fast": 5, "pass": 1},
     }

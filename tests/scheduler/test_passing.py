@@ -2,6 +2,8 @@
 the shell runs) against a model of the API server, with two replicas whose writes
 interleave, caches that lag behind, writes lost to other writers and passes that retry.
 
+The scheduler's release fast path writes releases between any two of these writes too.
+
 The model keeps what the API server keeps: every node's facts with a resourceVersion (etcd's
 revision: every write of any object takes the next one), and the NodeWright's batch book
 with the NodeWright's resourceVersion. A write with a stale precondition is refused (409). A
@@ -248,6 +250,19 @@ def _world_moves(world: World, rng: random.Random) -> None:
     world.changed()
 
 
+def _fast_release(world: World, rng: random.Random, lag: int) -> None:
+    """The scheduler's release fast path (``Scheduler._release_now``), outside any pass: one
+    node's release, decided on what a node cache had up to ``lag`` changes ago, written with
+    that resourceVersion as its precondition."""
+    back = rng.randint(0, min(lag, len(world.history) - 1))
+    seen = world.history[-1 - back].nodes
+    name = rng.choice(sorted(seen))
+    due = kernel.releases(world.cr, [seen[name]])
+    if due and world.nodes[name].resource_version == seen[name].resource_version:
+        world.write(name, selection=None)
+        world.changed()
+
+
 async def _at_once() -> None:
     return None
 
@@ -324,9 +339,11 @@ async def _drive(world: World, rng: random.Random, *, replicas: int, steps: int,
     try:
         for _ in range(steps):
             await turns.settle(tasks)
-            who = rng.randrange(replicas + 1)
+            who = rng.randrange(replicas + 2)
             if who == replicas:
                 _world_moves(world, rng)
+            elif who == replicas + 1:
+                _fast_release(world, rng, lag)
             else:
                 turns.release(who)
                 await asyncio.sleep(0)
