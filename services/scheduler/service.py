@@ -16,11 +16,11 @@ instant whatever write is lost:
 3. it writes each admission with the resourceVersion the fence recorded, and publishes
    ``node.selected`` / ``node.completed`` for what was written.
 
-A release that comes due is also written at once, outside any pass (its own work key,
-:class:`ReleaseKey`): a release only frees a slot, so it needs no decision over the fleet,
-and a pass that decided before it errs on the safe side. Then the NodeWright's pass is
-queued to use the slot. The pass still releases what this fast path missed; the two paths
-never write one release twice.
+Releases that come due are also written at once, outside any pass (a work key of their
+own per NodeWright, :class:`ReleaseKey`): a release only frees a slot, so it needs no
+decision over the fleet, and a pass that decided before it errs on the safe side. Then the
+NodeWright's pass is queued to use the slots. The pass still releases what this fast path
+missed; the two paths never write one release twice.
 
 It also owns the NodeWright's finalizer: added before the first admission; on deletion the
 same decisions admit nodes for their uninstalls, and once nothing of the CR holds a node the
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -67,21 +68,18 @@ NAME = "scheduler"
 
 
 class ReleaseKey(NamedTuple):
-    """A work key of its own for one node's release (the fast path), beside the NodeWright
-    names that key the passes."""
+    """The work key of a NodeWright's due releases (the fast path), beside its name, which
+    keys its passes."""
 
     cr: str
-    node: str
 
 
 CONCURRENT_WRITES = 40
-"""Admissions (or releases) of one pass in flight at once: a batch of 100 opens in three
-round trips instead of 100 (issue 15; with 16, a batch of 100 took 1.2-2.4 s to admit at
-1,000 nodes here); below the service's own limit (qps_burst, 50; watches are not
-counted), so the leader lease and the batch book never wait behind them."""
-RELEASE_WORKERS = 8
-"""Releases written at once by the fast path (:meth:`Scheduler._release_now`), beside a
-pass's CONCURRENT_WRITES: together still under the service's qps_burst."""
+"""Admissions and releases in flight at once, the passes' and the release fast path's
+together: a batch of 100 opens in three round trips instead of 100 (issue 15; with 16, a
+batch of 100 took 1.2-2.4 s to admit at 1,000 nodes here); below the service's own limit
+(qps_burst, 50; watches are not counted), so the leader lease and the batch book never
+wait behind them."""
 PASS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 """Seconds: a decision over 100 nodes takes a few milliseconds, one over 10,000 a tenth of
 a second; a batch of 1,000 admissions a second or more."""
@@ -140,17 +138,25 @@ class Scheduler:
             name="nodewright-scheduler",
             identity=ctx.identity,
         )
-        self._releasing: dict[ReleaseKey, asyncio.Future[bool]] = {}
-        """Releases being written: the fast path's and a pass's write of one release are
-        one write (the second waits for the first's outcome instead of losing a race)."""
+        self._writes = asyncio.Semaphore(CONCURRENT_WRITES)
+        """The admissions and releases in flight, the passes' and the fast path's together:
+        room is left under qps_burst for the lease and the batch book."""
+        self._together = functools.partial(_together, gate=self._writes)
+        self._due: dict[str, set[str]] = {}
+        """NodeWright -> nodes seen due for release since its fast path last ran (a hint:
+        each is checked against the cache again)."""
+        self._releasing: dict[tuple[str, str], asyncio.Future[bool]] = {}
+        """(NodeWright, node) -> its release being written: the fast path's and a pass's
+        write of one release are one write (the second waits for the first's outcome
+        instead of losing a race)."""
         self.controller: Controller[str | ReleaseKey] = Controller(
             ctx=ctx,
             name=NAME,
             reconcile=self.reconcile,
             all_keys=self._resync_keys,
             # A pass holds a worker for its writes (16 s to open a batch of 1,000); the
-            # others write releases as they come due.
-            workers=RELEASE_WORKERS + 4,
+            # releases of its NodeWright take another meanwhile.
+            workers=8,
         )
         c = self.controller
         self.crs: Informer = c.watch(NODEWRIGHTS, to_keys=self._cr_keys, name="nodewrights")
@@ -190,7 +196,8 @@ class Scheduler:
         if isinstance(event, events.NodeUncordoned) and event.node:
             # The drainer let go: the release may be due (if the cache has seen it so far;
             # else the node's change queues it).
-            return [event.cr, ReleaseKey(event.cr, event.node)]
+            self._due.setdefault(event.cr, set()).add(event.node)
+            return [event.cr, ReleaseKey(event.cr)]
         return [event.cr]
 
     def _resync_keys(self) -> Iterable[str | ReleaseKey]:
@@ -248,17 +255,20 @@ class Scheduler:
         return [*due, *self.all_crs(), *gone]
 
     def _releases_due(self, node: JSON) -> list[ReleaseKey]:
-        """The admissions on ``node`` whose release is due, each a key of its own."""
+        """The fast-path keys of the NodeWrights whose admission of ``node`` is due for
+        release (noting the node for each)."""
         held = nodestate.crs_with(node, nodestate.SCHEDULER)
         if not held:
             return []
         name = str(node["metadata"]["name"])
-        return [
-            ReleaseKey(cr.metadata.name, name)
-            for cr in self._decoded_crs()
-            if cr.metadata.name in held
-            and kernel.releases(cr, [self._facts(node, cr.metadata.name)])
-        ]
+        out = []
+        for cr in self._decoded_crs():
+            if cr.metadata.name in held and kernel.releases(
+                cr, [self._facts(node, cr.metadata.name)]
+            ):
+                self._due.setdefault(cr.metadata.name, set()).add(name)
+                out.append(ReleaseKey(cr.metadata.name))
+        return out
 
     # ---- reconcile ----------------------------------------------------------------------
 
@@ -295,27 +305,40 @@ class Scheduler:
             return await self._decide_for(cr)
 
     async def _release_now(self, key: ReleaseKey) -> float | None:
-        """The release fast path: a node whose release is due is released at once, not by
-        the next pass of its NodeWright, which may be writing a batch's admissions for many
-        seconds (at 10,000 nodes the release lag's p99 was 7 s, most of it waiting for
-        passes; issue 15). A release only frees a slot, so it needs no decision over the
+        """The release fast path: the nodes of a NodeWright whose release is due are released
+        at once, together, not by its next pass, which may be writing a batch's admissions
+        for many seconds (at 10,000 nodes the release lag's p99 was 7 s, most of it waiting
+        for passes; issue 15). A release only frees a slot, so it needs no decision over the
         fleet, nor the lock: a pass that decided before it counts the slot as held, which
-        errs on the safe side. Once written, the NodeWright's pass is queued to use the
-        slot. The pass releases what this path missed (the resync runs one)."""
+        errs on the safe side. Once one is written, the NodeWright's pass is queued to use
+        the slots. The pass releases what this path missed (the resync runs one)."""
+        nodes = self._due.pop(key.cr, set())
         if not self.leader.is_leader:
             return None
-        raw, node = self.crs.get(key.cr), self.nodes.get(key.node)
-        if raw is None or node is None:
-            return None  # gone: the pass (or the outboxes' tidy-up) handles what is left
+        raw = self.crs.get(key.cr)
+        if raw is None:
+            return None  # gone: the outboxes' tidy-up handles what is left
         try:
             cr = self._decode(raw)
         except msgspec.ValidationError:
             return None  # the pass logs it
         if progress.deleting(cr) and core.FINALIZER not in cr.metadata.finalizers:
             return None  # as the pass: ours is done
-        due = kernel.releases(cr, [self._facts(node, key.cr)])
-        if due and await self._release(cr, due[0], via="fast"):
-            self.controller.queue.add(key.cr)  # its slot is free: decide
+        due = [
+            release
+            for node in sorted(nodes)
+            if (cached := self.nodes.get(node)) is not None
+            for release in kernel.releases(cr, [self._facts(cached, key.cr)])
+        ]
+        try:
+            landed = await self._together(
+                [functools.partial(self._release, cr, r, via="fast") for r in due]
+            )
+        except BaseException:
+            self._due.setdefault(key.cr, set()).update(nodes)  # not done: the retry's
+            raise
+        if any(landed):
+            self.controller.queue.add(key.cr)  # slots are free: decide
         return None
 
     async def _tidy_outboxes(self, cr: str) -> float | None:
@@ -389,7 +412,7 @@ class Scheduler:
             finally:
                 decided_s += time.perf_counter() - started
 
-        outcome = await passing.run(decide, writer, together=_together)
+        outcome = await passing.run(decide, writer, together=self._together)
         self._rest_until[name] = time.monotonic() + workqueue.rest_after(
             decided_s, self.settings.decision_share
         )
@@ -565,7 +588,7 @@ class Scheduler:
     ) -> bool:
         """Remove the admission; True once written (only then is its slot free). A release
         the other path is writing is not written twice: its outcome is this one's."""
-        key = ReleaseKey(cr.metadata.name, release.node)
+        key = (cr.metadata.name, release.node)
         pending = self._releasing.get(key)
         if pending is not None:
             return await asyncio.shield(pending)
@@ -700,11 +723,14 @@ class _PassWriter:
         return True
 
 
-async def _together(writes: Sequence[passing.Write]) -> list[bool]:
+async def _together(
+    writes: Sequence[passing.Write], gate: asyncio.Semaphore | None = None
+) -> list[bool]:
     """:data:`passing.Together`: every write of a pass at once, at most CONCURRENT_WRITES in
-    flight; whether each landed, in order. A write that raises fails the pass (as before),
-    after the others finished: none is left running behind it."""
-    gate = asyncio.Semaphore(CONCURRENT_WRITES)
+    flight (through ``gate``, shared by the calls that pass the same one); whether each
+    landed, in order. A write that raises fails the pass (as before), after the others
+    finished: none is left running behind it."""
+    gate = gate or asyncio.Semaphore(CONCURRENT_WRITES)
 
     async def one(write: passing.Write) -> bool:
         async with gate:

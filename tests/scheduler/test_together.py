@@ -45,3 +45,24 @@ async def test_a_write_that_raises_fails_the_pass_once_the_others_ended() -> Non
     with pytest.raises(RuntimeError, match="refused"):
         await service._together([write(i) for i in range(40)])
     assert sorted(finished) == [i for i in range(40) if i != 3]
+
+
+async def test_calls_sharing_a_gate_keep_to_the_bound_together() -> None:
+    """A pass's admissions and the release fast path's writes share the scheduler's gate:
+    the service's requests in flight stay under its cap, with room for the lease."""
+    in_flight = peak = 0
+
+    async def go() -> bool:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.01)
+        in_flight -= 1
+        return True
+
+    gate = asyncio.Semaphore(service.CONCURRENT_WRITES)
+    admissions, releases = await asyncio.gather(
+        service._together([go] * 60, gate), service._together([go] * 60, gate)
+    )
+    assert (admissions, releases) == ([True] * 60, [True] * 60)
+    assert peak == service.CONCURRENT_WRITES
