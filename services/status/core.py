@@ -679,6 +679,21 @@ def node_updates(
     return out
 
 
+def _urgency(update: NodeUpdate) -> int:
+    reason = (update.condition or {}).get("reason")
+    if reason in _TROUBLE:
+        return 0  # failures are visible at once
+    return 2 if reason == "Waiting" else 1
+
+
+def in_write_order(updates: Sequence[NodeUpdate]) -> list[NodeUpdate]:
+    """``updates`` in the order a pass writes them: failed and blocked nodes first, then the
+    nodes in flight or done (and removals), the waiting nodes last; by node name within
+    each. A pass that writes only some (``StatusSettings.node_writes_per_pass``) writes
+    what matters most, and a waiting node's condition waits for the next pass."""
+    return sorted(updates, key=lambda u: (_urgency(u), u.node))
+
+
 def record_removal(cr: str, update: NodeUpdate) -> list[dict[str, Any]]:
     """The JSON patch (RFC 6902) removing ``update``'s legacy status record: it ``test``s the
     annotation is still the value the update saw, so a node that changed meanwhile refuses it

@@ -333,7 +333,8 @@ class Status:
         status = core.summarize(cr, policy, views, now, plan)
         admitting = core.due_since(views, observed, self._due_since.get(name, {}), now)
         self._due_since[name] = admitting
-        updates = core.node_updates(name, views, observed, now, admitting)
+        ordered = core.in_write_order(core.node_updates(name, views, observed, now, admitting))
+        updates = ordered[: self.settings.node_writes_per_pass]
         self._rest_until[name] = time.monotonic() + workqueue.rest_after(
             time.perf_counter() - computing, self.settings.pass_share
         )
@@ -348,6 +349,8 @@ class Status:
         await self._rollout_events(cr, status, views, observed, status_written=status_ok)
         if not (nodes_ok and status_ok):
             return 0.5
+        if len(ordered) > len(updates):
+            return 0.0  # the rest in the next pass (after the pass interval)
         report = core.admitting_report_due(admitting, now)
         if report is not None:
             # Nothing else may change by then (a scheduler that is down).

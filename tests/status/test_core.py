@@ -1007,3 +1007,31 @@ def test_a_node_is_read_again_only_when_its_resource_version_changed() -> None:
     cache.forget("n1")
     cache(obj, "cr")
     assert reads == ["5", "5", "6", "5"]
+
+
+def test_a_pass_writes_failures_first_and_waiting_nodes_last() -> None:
+    """What a pass that writes only some conditions (``node_writes_per_pass``) writes first:
+    failures are visible at once, a waiting node's condition may wait for the next pass."""
+
+    def update(name: str, reason: str | None) -> core.NodeUpdate:
+        condition = None if reason is None else {"reason": reason}
+        return core.NodeUpdate(node=name, condition=condition, write_condition=True)
+
+    updates = [
+        update("a-waiting", "Waiting"),
+        update("b-complete", "Complete"),
+        update("c-blocked", "Blocked"),
+        update("d-gone", None),  # a condition removed: no longer a target
+        update("e-waiting", "Waiting"),
+        update("f-failed", "Failed"),
+        update("g-in-progress", "InProgress"),
+    ]
+    assert [u.node for u in core.in_write_order(updates)] == [
+        "c-blocked",
+        "f-failed",
+        "b-complete",
+        "d-gone",
+        "g-in-progress",
+        "a-waiting",
+        "e-waiting",
+    ]

@@ -801,3 +801,42 @@ async def test_changes_within_the_pass_interval_go_out_in_one_status_write(
     await asyncio.sleep(5)  # a write still due would land within the interval
     # The first change at once, the rest together once the interval has passed.
     assert 1 <= await _status_writes(h) - before <= 2
+
+
+@pytest.mark.parametrize(
+    "harness",
+    # A resync far away: only the pass that wrote its share can queue the rest.
+    [{"NODEWRIGHT_STATUS_NODE_WRITES_PER_PASS": "2", "NODEWRIGHT_RESYNC_INTERVAL_S": "600"}],
+    indirect=True,
+)
+async def test_a_pass_writes_its_share_of_conditions_and_the_next_passes_the_rest(
+    harness: Harness,
+) -> None:
+    h = harness
+    suffixes = ("p1", "p2", "p3", "p4", "p5", "p6")
+    await _nodes(h, *suffixes, labels={"pool": "gpu"})
+    cr = await _nodewright(h, interruptionBudget={"count": 1})
+    target = progress.target_digest(cr)
+    # p1 failed and holds the budget's one slot: the others wait for it.
+    await _records(
+        h,
+        "p1",
+        {
+            nodestate.SCHEDULER: _selection(target),
+            nodestate.DRAINER: DRAINED,
+            nodestate.EXECUTOR: _package(cr, "failed", stage="apply", reason=IMAGE_PULL),
+        },
+    )
+
+    async def every_condition() -> dict[str, str] | Pending:
+        reasons = {}
+        for suffix in suffixes:
+            _, cond = await _node_status(h, suffix)
+            if cond is None:
+                return Pending(f"{suffix} has no condition yet")
+            reasons[suffix] = cond["reason"]
+        return reasons
+
+    # Three passes of two, a second apart (the pass interval).
+    reasons = await eventually(every_condition, timeout_s=30, what="every node's condition")
+    assert reasons == {"p1": "Failed", **{s: "Waiting" for s in suffixes[1:]}}
