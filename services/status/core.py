@@ -686,12 +686,36 @@ def _urgency(update: NodeUpdate) -> int:
     return 2 if reason == "Waiting" else 1
 
 
-def in_write_order(updates: Sequence[NodeUpdate]) -> list[NodeUpdate]:
-    """``updates`` in the order a pass writes them: failed and blocked nodes first, then the
-    nodes in flight or done (and removals), the waiting nodes last; by node name within
-    each. A pass that writes only some (``StatusSettings.node_writes_per_pass``) writes
-    what matters most, and a waiting node's condition waits for the next pass."""
-    return sorted(updates, key=lambda u: (_urgency(u), u.node))
+def this_pass(
+    updates: Sequence[NodeUpdate], waiting_limit: int
+) -> tuple[list[NodeUpdate], list[NodeUpdate]]:
+    """``updates`` split into what a pass writes now, in order, and what it leaves to the
+    next pass: failed and blocked nodes first, then the nodes in flight or done (and
+    removals), then at most ``waiting_limit`` waiting nodes (by node name within each). The
+    first pass over a new rollout of 10,000 nodes finds 9,000 waiting nodes; the NodeWright's
+    status, written after the pass's node writes, must not wait for all of them. Only
+    waiting nodes wait for a later pass, so a status that says every node is complete
+    never goes out before their conditions do."""
+    ordered = sorted(updates, key=lambda u: (_urgency(u), u.node))
+    waiting = [u for u in ordered if _urgency(u) == 2]
+    later = waiting[waiting_limit:]
+    return ordered[: len(ordered) - len(later)], later
+
+
+WRITES_PER_TARGETS: Final = 250
+"""Target nodes per node condition in flight (:func:`write_concurrency`)."""
+
+
+def write_concurrency(targets: int, most: int, least: int = 10) -> int:
+    """How many node conditions a pass writes at once: one per WRITES_PER_TARGETS target
+    nodes, between ``least`` and ``most``. The conditions report the rollout and must not
+    slow it (each write competes with the admissions, cordons and pods of the nodes in flight
+    for the API server: at 1,000 nodes with 40 at once, the first cordon came 0.5 to 1.2 s
+    after the apply, with 10 at 0.3 s; issue 15). Yet they must keep up with it, and the
+    conditions to write a second grow with the batches, so with the fleet: at 10,000 nodes,
+    10 at once left most nodes without an InProgress condition and the NodeWright's status
+    20 s behind."""
+    return max(min(least, most), min(most, -(-targets // WRITES_PER_TARGETS)))
 
 
 def record_removal(cr: str, update: NodeUpdate) -> list[dict[str, Any]]:

@@ -333,14 +333,19 @@ class Status:
         status = core.summarize(cr, policy, views, now, plan)
         admitting = core.due_since(views, observed, self._due_since.get(name, {}), now)
         self._due_since[name] = admitting
-        ordered = core.in_write_order(core.node_updates(name, views, observed, now, admitting))
-        updates = ordered[: self.settings.node_writes_per_pass]
+        updates, later = core.this_pass(
+            core.node_updates(name, views, observed, now, admitting),
+            self.settings.waiting_writes_per_pass,
+        )
+        concurrency = core.write_concurrency(
+            sum(1 for v in views if v.target), self.settings.node_writes
+        )
         self._rest_until[name] = time.monotonic() + workqueue.rest_after(
             time.perf_counter() - computing, self.settings.pass_share
         )
         nodes_ok = status_ok = False
         try:
-            nodes_ok = await self._write_nodes(name, updates)
+            nodes_ok = await self._write_nodes(name, updates, concurrency)
         finally:
             # The status is written once per pass, whatever happened to the node writes.
             status_ok = await self._write_status(name, raw, cr, status)
@@ -349,7 +354,7 @@ class Status:
         await self._rollout_events(cr, status, views, observed, status_written=status_ok)
         if not (nodes_ok and status_ok):
             return 0.5
-        if len(ordered) > len(updates):
+        if later:
             return 0.0  # the rest in the next pass (after the pass interval)
         report = core.admitting_report_due(admitting, now)
         if report is not None:
@@ -392,11 +397,14 @@ class Status:
             name, core.node_updates(name, [], observed, self.ctx.clock())
         )
 
-    async def _write_nodes(self, cr: str, updates: list[core.NodeUpdate]) -> bool:
-        """Apply the node updates, a few at a time; False if any node had changed meanwhile."""
+    async def _write_nodes(
+        self, cr: str, updates: list[core.NodeUpdate], concurrency: int | None = None
+    ) -> bool:
+        """Apply the node updates, ``concurrency`` at a time (default: the most,
+        ``node_writes``); False if any node had changed meanwhile."""
         if not updates:
             return True
-        sem = asyncio.Semaphore(self.settings.node_writes)
+        sem = asyncio.Semaphore(concurrency or self.settings.node_writes)
 
         async def one(update: core.NodeUpdate) -> bool:
             async with sem:

@@ -1009,9 +1009,10 @@ def test_a_node_is_read_again_only_when_its_resource_version_changed() -> None:
     assert reads == ["5", "5", "6", "5"]
 
 
-def test_a_pass_writes_failures_first_and_waiting_nodes_last() -> None:
-    """What a pass that writes only some conditions (``node_writes_per_pass``) writes first:
-    failures are visible at once, a waiting node's condition may wait for the next pass."""
+def test_a_pass_writes_failures_first_and_leaves_only_waiting_nodes_to_the_next() -> None:
+    """What a pass writes now, in order, and what waits for the next pass
+    (``waiting_writes_per_pass``): failures are visible at once, and only waiting nodes wait,
+    so a status saying every node is complete never goes out before their conditions."""
 
     def update(name: str, reason: str | None) -> core.NodeUpdate:
         condition = None if reason is None else {"reason": reason}
@@ -1025,13 +1026,38 @@ def test_a_pass_writes_failures_first_and_waiting_nodes_last() -> None:
         update("e-waiting", "Waiting"),
         update("f-failed", "Failed"),
         update("g-in-progress", "InProgress"),
+        update("h-waiting", "Waiting"),
+        *(update(f"i-complete-{i}", "Complete") for i in range(3)),
     ]
-    assert [u.node for u in core.in_write_order(updates)] == [
+    now, later = core.this_pass(updates, waiting_limit=1)
+    assert [u.node for u in now] == [
         "c-blocked",
         "f-failed",
         "b-complete",
         "d-gone",
         "g-in-progress",
+        "i-complete-0",
+        "i-complete-1",
+        "i-complete-2",
         "a-waiting",
-        "e-waiting",
     ]
+    assert [u.node for u in later] == ["e-waiting", "h-waiting"]
+    assert core.this_pass(updates, waiting_limit=3)[1] == []
+
+
+@pytest.mark.parametrize(
+    ("targets", "most", "expected"),
+    [
+        (1, 40, 10),
+        (1_000, 40, 10),
+        (2_500, 40, 10),
+        (5_000, 40, 20),
+        (10_000, 40, 40),
+        (50_000, 40, 40),
+        (1_000, 4, 4),
+    ],
+)
+def test_a_pass_writes_conditions_at_once_in_proportion_to_the_fleet(
+    targets: int, most: int, expected: int
+) -> None:
+    assert core.write_concurrency(targets, most) == expected

@@ -806,10 +806,10 @@ async def test_changes_within_the_pass_interval_go_out_in_one_status_write(
 @pytest.mark.parametrize(
     "harness",
     # A resync far away: only the pass that wrote its share can queue the rest.
-    [{"NODEWRIGHT_STATUS_NODE_WRITES_PER_PASS": "2", "NODEWRIGHT_RESYNC_INTERVAL_S": "600"}],
+    [{"NODEWRIGHT_STATUS_WAITING_WRITES_PER_PASS": "2", "NODEWRIGHT_RESYNC_INTERVAL_S": "600"}],
     indirect=True,
 )
-async def test_a_pass_writes_its_share_of_conditions_and_the_next_passes_the_rest(
+async def test_a_pass_writes_its_share_of_waiting_conditions_and_the_next_passes_the_rest(
     harness: Harness,
 ) -> None:
     h = harness
