@@ -730,7 +730,7 @@ async def _together(
     flight (through ``gate``, shared by the calls that pass the same one); whether each
     landed, in order. A write that raises fails the pass (as before), after the others
     finished: none is left running behind it."""
-    gate = gate or asyncio.Semaphore(CONCURRENT_WRITES)
+    gate = gate if gate is not None else asyncio.Semaphore(CONCURRENT_WRITES)
 
     async def one(write: passing.Write) -> bool:
         async with gate:
