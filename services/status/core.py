@@ -586,7 +586,8 @@ InProgress the node's first condition within moments. Writing Admitting first co
 node of a rollout's first batch one more Node write, and, landing between the scheduler's
 fence and its admission, a refused admission taken again half a second later (issue 15:
 100 writes and 30 refusals at 1,000 nodes). Past the grace (the scheduler is down, or its
-writes fail) the node says what it waits for."""
+writes fail) the node says what it waits for. The grace runs from the last admission seen
+to land, while the scheduler admits (:func:`due_since`)."""
 
 
 def due_since(
@@ -596,13 +597,21 @@ def due_since(
     now: datetime,
 ) -> dict[str, datetime]:
     """When each node with no condition yet was first seen due for admission, carried over
-    from ``before`` (the last pass's answer); nodes no longer so are dropped."""
+    from ``before`` (the last pass's answer); nodes no longer so are dropped.
+
+    Since an admission of the same NodeWright was last seen to land, rather, if that is
+    later: the scheduler is then visibly admitting, and a large batch takes a while (1,000
+    admissions at 10,000 nodes took 10-17 s, and the nodes at its end each cost one more
+    Node write, issue 15). A scheduler that stops admitting (down, its writes refused) leaves
+    its nodes silent for :data:`ADMIT_GRACE_S` after its last admission, no longer."""
     bare = {o.name for o in observed if o.condition is None}
-    return {
-        v.name: before.get(v.name, now)
-        for v in views
-        if v.target and v.name in bare and v.reason.code == reasons.ADMITTING
-    }
+    due = [
+        v.name for v in views if v.target and v.name in bare and v.reason.code == reasons.ADMITTING
+    ]
+    # Admitted: out of Waiting, which a node due for admission leaves only by its admission
+    # (a node that got its condition meanwhile is the status service's own doing: no sign).
+    admitted = any(v.name in before and v.state != "Waiting" for v in views)
+    return {name: now if admitted else before.get(name, now) for name in due}
 
 
 def admitting_report_due(since: Mapping[str, datetime], now: datetime) -> float | None:
