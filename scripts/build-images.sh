@@ -135,7 +135,7 @@ build_agent() {
 
 build_services() {
   build_base
-  local key; key=$(key_of "$base_image" "$(hash_paths pyproject.toml shared services nodewright agent deploy schemas images/services.Containerfile)")
+  local key; key=$(key_of "$base_image" "$(hash_paths pyproject.toml shared services nodewright agent deploy schemas images/services.Containerfile scripts/build-images.sh)")
   local image="localhost/nodewright/nodewright:$key"
   if ! { have_image "$image" && [ -s "$cache/nodewright-$key.oci.tar" ]; }; then
     local ctx; ctx=$(mktemp -d "$cache/tmp.XXXXXX")
@@ -145,6 +145,12 @@ build_services() {
     "$python" -m pip install --quiet --disable-pip-version-check --no-compile --target "$ctx/site" \
       --only-binary=:all: --no-binary=nodewright "$here" >&2 \
       || die "pip install of the project into the image context failed (see above)"
+    # Bytecode in the image: without it every start of a service compiled its modules
+    # again (0.3 s of CPU and 1.5-2 MB more memory per process, for as long as it ran).
+    # unchecked-hash: the files carry no timestamp (the same input builds the same layer),
+    # and the read-only site is never checked against its sources.
+    "$python" -m compileall -q -j 0 --invalidation-mode unchecked-hash "$ctx/site" >/dev/null \
+      || die "compiling the image's Python modules failed"
     cp "$here/images/services.Containerfile" "$ctx/Containerfile"
     bud nodewright "$key" "ghcr.io/nvidia/nodewright:$version" "$ctx/Containerfile" "$ctx" \
       --build-arg "BASE=$base_image"
