@@ -146,7 +146,8 @@ build_services() {
       --only-binary=:all: --no-binary=nodewright "$here" >&2 \
       || die "pip install of the project into the image context failed (see above)"
     # Bytecode in the image: without it every start of a service compiled its modules
-    # again (0.3 s of CPU and 1.5-2 MB more memory per process, for as long as it ran).
+    # again (0.3 s of CPU and 0.8 MiB more memory per process in its pod, for as long as
+    # it ran: docs/metrics.md "Memory of the services").
     # unchecked-hash: the files carry no timestamp (the same input builds the same layer),
     # and the read-only site is never checked against its sources.
     "$python" -m compileall -q -j 0 --invalidation-mode unchecked-hash "$ctx/site" >/dev/null \
