@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,9 @@ _log = logging.getLogger("nodewright.bus")
 
 _MAX_CONNECT_BACKOFF_S = 5.0
 _FLUSH_TIMEOUT_S = 5
+_CLOSING: weakref.WeakSet[NATS] = weakref.WeakSet()
+"""Clients this process is closing: nats-py calls the disconnected callback from
+``close()`` too, and a service's own stop is no outage to warn of."""
 
 
 @dataclass(frozen=True)
@@ -59,11 +63,17 @@ async def _connect_once(settings: NatsSettings, name: str) -> NATS:
     # One warning when NATS is lost, one when it is back (nats-py calls error_cb on every
     # failed reconnect attempt: a 30 s outage was ~100 warnings per service).
     outage = Outage(lost="Lost NATS", back="Reconnected to NATS", log=_log)
+    # nats.connect retries the first connection too (unbounded reconnects), calling on_error
+    # for each try: that is no lost connection yet.
+    first = Outage(lost="Failed to connect to NATS", back="Connected to NATS", log=_log)
+    client: list[NATS] = []  # once connected
 
     async def on_error(exc: Exception) -> None:
-        outage.failed(str(exc))
+        (outage if client else first).failed(str(exc))
 
     async def on_disconnected() -> None:
+        if client and client[0] in _CLOSING:
+            return
         outage.failed("disconnected")
 
     async def on_reconnected() -> None:
@@ -81,6 +91,8 @@ async def _connect_once(settings: NatsSettings, name: str) -> NATS:
         disconnected_cb=on_disconnected,
         reconnected_cb=on_reconnected,
     )
+    client.append(nc)
+    first.answered()
     return await checked(nc)
 
 
@@ -98,6 +110,7 @@ async def checked(nc: NATS) -> NATS:
     still "connecting" and never writes: every request would time out, forever."""
     if nc.is_connected:
         return nc
+    _CLOSING.add(nc)
     with contextlib.suppress(Exception):
         await nc.close()
     raise HandshakeIncomplete(
@@ -140,4 +153,5 @@ async def _close(nc: NATS) -> None:
     if nc.is_connected:
         with contextlib.suppress(Exception):
             await nc.flush(timeout=_FLUSH_TIMEOUT_S)
+    _CLOSING.add(nc)
     await nc.close()
