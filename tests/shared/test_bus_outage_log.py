@@ -55,12 +55,15 @@ def _lost(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     ]
 
 
+def _settings(url: str, caplog: pytest.LogCaptureFixture) -> config.NatsSettings:
+    caplog.set_level(logging.DEBUG, logger="nodewright.bus")
+    return config.NatsSettings(url=url, connect_timeout_s=2)
+
+
 async def test_a_services_own_stop_is_no_outage(
     server: tuple[str, subprocess.Popen[bytes]], caplog: pytest.LogCaptureFixture
 ) -> None:
-    url, _ = server
-    settings = config.NatsSettings(url=url, connect_timeout_s=2)
-    caplog.set_level(logging.DEBUG, logger="nodewright.bus")
+    settings = _settings(server[0], caplog)
     async with asyncio.timeout(20), bus.connect(settings, name="t", stopping=asyncio.Event()) as b:
         assert await b.ready()
     assert b.nc.is_closed
@@ -70,9 +73,7 @@ async def test_a_services_own_stop_is_no_outage(
 async def test_a_lost_server_is_one_warning(
     server: tuple[str, subprocess.Popen[bytes]], caplog: pytest.LogCaptureFixture
 ) -> None:
-    url, proc = server
-    settings = config.NatsSettings(url=url, connect_timeout_s=2)
-    caplog.set_level(logging.DEBUG, logger="nodewright.bus")
+    settings, proc = _settings(server[0], caplog), server[1]
     async with asyncio.timeout(30), bus.connect(settings, name="t", stopping=asyncio.Event()) as b:
         assert await b.ready()
         proc.kill()
@@ -93,8 +94,7 @@ async def test_a_first_connection_that_fails_is_said_once_and_is_no_outage(
     """nats.connect retries the first connection as it reconnects, calling the error
     callback on every try: that said "Lost NATS", of a connection never made."""
     port = free_port()
-    settings = config.NatsSettings(url=f"nats://127.0.0.1:{port}", connect_timeout_s=2)
-    caplog.set_level(logging.DEBUG, logger="nodewright.bus")
+    settings = _settings(f"nats://127.0.0.1:{port}", caplog)
     proc: subprocess.Popen[bytes] | None = None
 
     async def late_server() -> None:
