@@ -92,8 +92,9 @@ async def _connect_once(settings: NatsSettings, name: str) -> NATS:
         reconnected_cb=on_reconnected,
     )
     client.append(nc)
-    first.answered()
-    return await checked(nc)
+    nc = await checked(nc)
+    first.answered()  # only once the handshake is whole: see checked()
+    return nc
 
 
 class HandshakeIncomplete(ConnectionError):
