@@ -172,6 +172,13 @@ class Informer:
     def values(self) -> list[JSON]:
         return list(self.store.values())
 
+    def covers(self, resource_version: str) -> bool:
+        """Whether the cache has every change up to ``resource_version`` (:attr:`progress` is
+        at or after it), e.g. every pod bound before a write whose answer carried it. False
+        when either is unknown or not an integer: then nobody can tell, and the caller reads
+        the API server."""
+        return bool(resource_version) and _at_or_after(self._rv, resource_version)
+
     @property
     def progress(self) -> str:
         """The resourceVersion up to which the cache has every change (the last list, watch

@@ -132,6 +132,14 @@ class Decision:
     problem: str = ""
     """Why nothing can be decided (for the shell to log), e.g. an undecodable record."""
 
+    @property
+    def declares_drained(self) -> bool:
+        """Carrying it out records the node as drained: the one decision a pod missing from
+        the pods it was given would make wrong (the pod would run through the package's
+        apply). The shell makes it only on pods read after the cordon."""
+        after = self.write.after if self.write is not None else None
+        return after is not None and after.phase == "drained"
+
 
 def node_decision(cr: str, node: str, decision: Decision) -> NodeDecision:
     """What the shared per-node shell carries out for ``decision`` (after :func:`settle`):

@@ -199,18 +199,29 @@ class Drainer:
                 )
                 return None
         facts = progress.facts(raw_node, cr_name)
+
+        def decide(pods: Sequence[filters.PodInfo]) -> core.Decision:
+            return core.decide(
+                cr_name=cr_name,
+                cr=cr,
+                node=facts,
+                others=core.drain_records(raw_node, besides=cr_name),
+                pods=pods,
+                now=self.ctx.clock(),
+                eviction_retry_s=self.settings.eviction_retry_s,
+                deletion_poll_s=self.settings.deletion_poll_s,
+                source=self.publisher.source,
+            )
+
         node_pods = self._node_pods(node_name)
-        decision = core.decide(
-            cr_name=cr_name,
-            cr=cr,
-            node=facts,
-            others=core.drain_records(raw_node, besides=cr_name),
-            pods=node_pods,
-            now=self.ctx.clock(),
-            eviction_retry_s=self.settings.eviction_retry_s,
-            deletion_poll_s=self.settings.deletion_poll_s,
-            source=self.publisher.source,
-        )
+        decision = decide(node_pods)
+        node_rv = str(raw_node["metadata"].get("resourceVersion") or "")
+        if decision.declares_drained and not self.pods.covers(node_rv):
+            # The pod cache is behind the node, so behind the cordon the node carries: a pod
+            # bound just before the cordon may be missing from it, and would run through the
+            # package's apply. Ask the API server for the node's pods as of the node read.
+            node_pods = await self._listed_pods(node_name, at_least=node_rv)
+            decision = decide(node_pods)
         if decision.problem:
             _log.error(
                 "Cannot drain Node",
@@ -257,6 +268,16 @@ class Drainer:
     def _node_pods(self, node: str) -> list[filters.PodInfo]:
         found = (self.pods.get(k) for k in sorted(self._pods_on.get(node, ())))
         return [filters.pod_info(p) for p in found if p is not None]
+
+    async def _listed_pods(self, node: str, *, at_least: str) -> list[filters.PodInfo]:
+        """The node's pods from the API server, at ``at_least`` or newer: served from its
+        watch cache once that has caught up, so no read of etcd."""
+        query: dict[str, str] = {"fieldSelector": f"spec.nodeName={node}"}
+        if at_least:
+            query |= {"resourceVersion": at_least, "resourceVersionMatch": "NotOlderThan"}
+        listed = await self.ctx.kube.get(PODS, **query)
+        found = [filters.pod_info(filters.slim_pod(p)) for p in listed.get("items") or ()]
+        return sorted(found, key=lambda p: p.key)
 
     def _pdbs_for(self, node_pods: Sequence[filters.PodInfo]) -> list[filters.PdbInfo]:
         namespaces = {p.namespace for p in node_pods}

@@ -550,6 +550,27 @@ def test_a_drain_evicts_waits_until_pods_are_gone_then_reports_drained() -> None
     assert d5.write.unschedulable is None
 
 
+def test_only_the_decision_that_records_drained_says_it_declares_the_node_drained() -> None:
+    """The shell reads the node's pods from the API server before carrying out this one
+    decision when its cache is behind the node (a pod bound just before the cordon)."""
+    cr = _cr()
+    pods = [_pod("web-1")]
+    cordon = _decide(cr, _node(cr))
+    assert _written(cordon).phase == "cordoned"
+    evict = _decide(cr, _node(cr, drain=_record(), unschedulable=True), pods)
+    terminating = [_pod("web-1", terminating=True)]
+    draining = _decide(cr, _node(cr, drain=_record(), unschedulable=True), terminating)
+    assert _written(draining).phase == "draining"
+    drained = _decide(cr, _node(cr, drain=_record(), unschedulable=True), [])
+    assert _written(drained).phase == "drained"
+    assert [d.declares_drained for d in (cordon, evict, draining, drained)] == [
+        False,
+        False,
+        False,
+        True,
+    ]
+
+
 def test_an_empty_node_is_drained_at_once() -> None:
     cr = _cr()
     skipped = [

@@ -27,7 +27,7 @@ from services.drainer import service
 from services.drainer.config import DrainerSettings, Settings
 from shared import api, events, nodestate, progress, runtime, streaming, subjects
 from shared.config import HealthSettings, KubeSettings, NatsSettings
-from shared.kube import ApiError, Kube, path_of
+from shared.kube import JSON, ApiError, Kube, path_of
 from shared.records.drainer import DrainRecord
 from shared.records.executor import ExecutorRecord, PackageRecord
 from shared.records.scheduler import Selection
@@ -313,6 +313,64 @@ async def drainer(
     rig: Rig, kapi: Kube, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> AsyncIterator[Harness]:
     """The drainer service running in this process against the rig, and a harness."""
+    async with serving(rig, kapi, namespace, caplog) as harness:
+        yield harness
+
+
+class PodWatchLag:
+    """Holds back what the API server sends on the drainer's pod watch (events and bookmarks
+    alike) between :meth:`hold` and :meth:`release`: a watch that lags behind, as one does
+    on a loaded API server. Nothing is lost; it arrives late."""
+
+    def __init__(self) -> None:
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+        self.held = 0
+
+    def hold(self) -> None:
+        self._flowing.clear()
+
+    def release(self) -> None:
+        self._flowing.set()
+
+    async def lagging(self, stream: AsyncIterator[JSON]) -> AsyncIterator[JSON]:
+        async for event in stream:
+            if not self._flowing.is_set():
+                self.held += 1
+                await self._flowing.wait()
+            yield event
+
+
+@pytest.fixture
+async def lagging_drainer(
+    rig: Rig,
+    kapi: Kube,
+    namespace: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[tuple[Harness, PodWatchLag]]:
+    """The drainer, its watch of bound pods able to lag (:class:`PodWatchLag`)."""
+    lag = PodWatchLag()
+    watch = Kube.watch
+
+    def lagging_watch(self: Kube, path: str, **kw: Any) -> AsyncIterator[JSON]:
+        stream = watch(self, path, **kw)
+        bound_pods = path == service.PODS and kw.get("fieldSelector") == "spec.nodeName!="
+        return lag.lagging(stream) if bound_pods else stream
+
+    monkeypatch.setattr(Kube, "watch", lagging_watch)
+    async with serving(rig, kapi, namespace, caplog) as harness:
+        try:
+            yield harness, lag
+        finally:
+            lag.release()
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    rig: Rig, kapi: Kube, namespace: str, caplog: pytest.LogCaptureFixture
+) -> AsyncIterator[Harness]:
+    """One drainer replica and its harness; fails if the drainer logged an error."""
     await install_crds(kapi)
     run = uuid.uuid4().hex[:6]
     settings = settings_for(rig, run=run, namespace=namespace)
@@ -599,3 +657,26 @@ async def test_two_replicas_drain_a_node_once_without_stepping_on_each_other(
         await drainer.event("node.uncordoned", cr, node)
     for kind in ("node.cordoned", "node.drained", "node.uncordoned"):
         assert await drainer.stored(kind, cr, node) == 1, kind
+
+
+async def test_a_pod_bound_before_the_cordon_is_evicted_though_the_cache_lags_behind(
+    lagging_drainer: tuple[Harness, PodWatchLag],
+) -> None:
+    """The drainer's pod cache had not yet seen pods bound just before its cordon: it read
+    the node's pods from the API server before recording the node drained, and evicted them
+    (before, it recorded the node drained with the pods running through the apply)."""
+    drainer, lag = lagging_drainer
+    (node,) = await drainer.nodes("a")
+    cr = await drainer.nodewright()
+    lag.hold()
+    await drainer.deployment("late", replicas=2, node_selector={"kubernetes.io/hostname": node})
+    await drainer.running(node, "late", 2)
+    await drainer.select(cr, node)
+
+    drained = await drainer.phase(node, cr, "drained")
+    assert drained.cordoned
+    assert await drainer.pods_on(node, "late") == [], "evicted, and gone before drained"
+    done = await drainer.event("node.drained", cr, node)
+    assert isinstance(done, events.NodeDrained)
+    assert done.evicted == 2
+    assert lag.held > 0, "the pod watch lagged behind the whole drain"

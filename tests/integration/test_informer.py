@@ -105,3 +105,26 @@ async def test_a_follower_sees_every_change_of_its_leader_s_one_watch_and_keeps_
         for task in (leader_run, follower_run):
             task.cancel()
         await asyncio.gather(leader_run, follower_run, return_exceptions=True)
+
+
+async def test_the_cache_covers_a_write_once_its_watch_delivered_it_and_never_before_a_list(
+    kapi: Kube, namespace: str
+) -> None:
+    """``covers`` tells whether the cache has every change up to a resourceVersion: the
+    drainer declares a node drained only on pods read after the cordon it wrote."""
+    collection = path_of(plural="configmaps", namespace=namespace)
+    informer = Informer(kube=kapi, path=collection, on_change=lambda old, new: None)
+    assert not informer.covers("1"), "an informer that has not listed covers nothing"
+    async with running(informer):
+        written = await kapi.create(collection, {"metadata": {"name": "w"}, "data": {"a": "1"}})
+        rv = str(written["metadata"]["resourceVersion"])
+
+        async def delivered() -> bool:
+            return informer.get(f"{namespace}/w") is not None
+
+        await eventually(delivered, what="the watch to deliver the write")
+        assert informer.covers(rv)
+        assert informer.covers(str(int(rv) - 1))
+        assert not informer.covers(str(int(rv) + 10**9)), "a change it cannot have seen yet"
+        assert not informer.covers(""), "an unknown version"
+        assert not informer.covers("not-a-number"), "a version nobody can compare"
