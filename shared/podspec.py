@@ -337,7 +337,10 @@ def manifest(
     spec: dict[str, Any] = {
         "nodeName": node,
         "restartPolicy": "Never",
+        # The host's namespaces, not the pod's own: a step's `sysctl -w net.*`, iptables or
+        # `ip link` must change the node, and a check must read it (the reference does too).
         "hostPID": True,
+        "hostNetwork": True,
         "priorityClassName": "system-node-critical",
         "tolerations": tolerations(cr),
         "containers": containers,

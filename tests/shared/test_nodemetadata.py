@@ -167,6 +167,16 @@ def test_stage_and_check_pods_carry_it_and_mount_it_read_only(role: str) -> None
     )
 
 
+@pytest.mark.parametrize("role", ["stage", "interrupt"])
+def test_stage_and_interrupt_pods_run_in_the_hosts_process_and_network_namespaces(
+    role: str,
+) -> None:
+    """A step's `sysctl -w net.*`, iptables or `ip link` changes the node, not a network
+    namespace of the pod's own (tests/e2e/realnode checks it on a real kubelet)."""
+    spec = _pod(role)["spec"]
+    assert (spec["hostPID"], spec["hostNetwork"]) == (True, True)
+
+
 def test_the_interrupt_pod_does_not_mount_it() -> None:
     pod = _pod("interrupt")
     assert _metadata_mount(pod) == ([], [])

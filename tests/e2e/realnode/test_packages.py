@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,11 @@ def _logs(node: RealNode, cr: str, package: str, version: str, mode: str) -> str
     """Everything the agent logged for ``mode`` on the host (its step log files)."""
     root = _host(node, f"/var/log/nodewright/{cr}/{package}/{version}/{mode}")
     return "".join(p.read_text() for p in sorted(root.rglob("*.log"))) if root.is_dir() else ""
+
+
+def _process(pid: int) -> tuple[bytes, int]:
+    """A process of this machine: its command line and its network namespace."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes(), os.stat(f"/proc/{pid}/ns/net").st_ino
 
 
 def _package(
@@ -320,6 +326,55 @@ async def test_steps_and_checks_read_the_nodes_metadata_from_their_pod(
     assert not any(k.startswith("nodewright.nvidia.com/") for k in seen["annotations"])
     # The check ran against the same file (it fails without the label: nothing to pass it).
     assert (await _executor(kapi, node, "meta")).packages["meta"].installed == "1.0.0"
+
+
+async def test_steps_change_the_nodes_own_network_not_one_of_the_pods(
+    rig: Rig, cluster: Kube, services: Services, real_node: RealNode, tmp_path: Path
+) -> None:
+    """A package that tunes the network (net.* sysctls, iptables, links) must change the
+    node's: its step runs in the network namespace the node's kubelet runs in, not in one
+    the pod got for itself (the rig's host root fakes /proc/sys, so only the namespace the
+    step ran in can tell)."""
+    kapi = cluster
+    stages = {
+        "apply": {
+            "steps": [{"name": "where", "path": "where.sh"}],
+            "check": [{"name": "ok", "path": "ok.sh"}],
+        }
+    }
+    # The step says who it is, then waits until the test has looked at it.
+    where = (
+        "#!/bin/sh\necho $$ > /etc/nw-step.pid\ni=0\n"
+        "while [ ! -e /etc/nw-step.seen ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done\n"
+    )
+    pkg = _package(
+        tmp_path,
+        "where",
+        "1.0.0",
+        stages=stages,
+        steps={"where.sh": where, "ok.sh": "#!/bin/sh\nexit 0\n"},
+    )
+    await _load(real_node, pkg, "registry.example/where:1.0.0", tmp_path)
+    await asyncio.to_thread(services.fleet.start_all)
+    await manifests.apply(
+        kapi, _cr("where", {"where": {"version": "1.0.0", "image": "registry.example/where"}})
+    )
+
+    said = _host(real_node, "/etc/nw-step.pid")
+
+    async def step() -> int | Pending:
+        text = said.read_text().strip() if said.exists() else ""
+        return int(text) if text else Pending("the step has not started")
+
+    pid = await eventually(step, timeout_s=180, interval_s=0.2, what="the step to start")
+    try:
+        command, step_net = _process(pid)
+        assert b"where.sh" in command, "with hostPID, the step's $$ is its process here"
+        node_net = _process(real_node.holder_pid)[1]
+    finally:
+        _host(real_node, "/etc/nw-step.seen").write_text("")
+    assert step_net == node_net, "the step ran in a network namespace of the pod's own"
+    await _wait_ready(kapi, "where", "the package that looked at its network")
 
 
 async def test_a_missing_step_file_is_named_before_anything_runs(
