@@ -72,6 +72,11 @@ class HealthSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=Tr
 PackageStaging = Literal["image-volume", "copy"]
 
 
+_SECRET_NAME = r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"
+_SECRET_NAMES = f"^({_SECRET_NAME}(,{_SECRET_NAME})*)?$"
+"""Secret names (DNS subdomains), comma-separated; empty for none."""
+
+
 class PodSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """How services that run NodeWright pods on nodes (executor, validator) build them."""
 
@@ -89,6 +94,10 @@ class PodSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=True)
     (Kubernetes image volumes; containerd >= 2.1, CRI-O >= 1.31); ``copy`` copies them into
     the pod with two init containers, for runtimes without image volumes (containerd 1.7).
     Neither needs a shell in the package image."""
+    image_pull_secrets: Annotated[str, msgspec.Meta(pattern=_SECRET_NAMES)] = ""
+    """Secrets (names, comma-separated, in NodeWright's namespace) the kubelet pulls the
+    agent and package images with: every pod that runs a package's stages, checks or
+    interrupts carries them as ``imagePullSecrets``. Empty: pulls are anonymous."""
     simulate: bool = False
     """Simulated nodes (kwok): pods carry kwok stage annotations derived from the node's
     sim.nodewright.nvidia.com/* annotations instead of running anything."""

@@ -88,6 +88,8 @@ class PodSettings:
     """The node path mounted at ``/host`` (shared.config.PodSettings.host_root)."""
     package_staging: PackageStaging = "image-volume"
     """``image-volume`` or ``copy`` (shared.config.PodSettings.package_staging)."""
+    image_pull_secrets: tuple[str, ...] = ()
+    """Secrets every pod pulls its images with (shared.config.PodSettings.image_pull_secrets)."""
 
     @classmethod
     def of(cls, *, namespace: str, config: shared_config.PodSettings) -> PodSettings:
@@ -99,6 +101,7 @@ class PodSettings:
             sim_stage_duration=config.sim_stage_duration,
             host_root=config.host_root,
             package_staging=config.package_staging,
+            image_pull_secrets=tuple(n for n in config.image_pull_secrets.split(",") if n),
         )
 
 
@@ -348,6 +351,8 @@ def manifest(
     }
     if init_containers:
         spec["initContainers"] = init_containers
+    if settings.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": n} for n in settings.image_pull_secrets]
     if req.desired is not None and req.desired.spec.graceful_shutdown_seconds is not None:
         spec["terminationGracePeriodSeconds"] = req.desired.spec.graceful_shutdown_seconds
     return {

@@ -99,12 +99,16 @@ async def test_the_optional_pieces_are_accepted_by_the_api_server(rig: Rig, kapi
 
 
 @pytest.mark.parametrize("service", ["executor", "validator"])
-async def test_package_staging_and_host_root_reach_the_services_that_build_pods(
+async def test_package_staging_host_root_and_pull_secrets_reach_the_services_that_build_pods(
     rig: Rig, service: str
 ) -> None:
     docs = await render(
-        "--set", "packageStaging=copy", "--set", "hostRoot=/srv/host", bin_dir=rig.bin_dir
-    )
+        "--set", "packageStaging=copy",
+        "--set", "hostRoot=/srv/host",
+        "--set", "packageImagePullSecrets[0].name=regcred",
+        "--set", "packageImagePullSecrets[1].name=nvcr.io",
+        bin_dir=rig.bin_dir,
+    )  # fmt: skip
     (deployment,) = [
         d
         for d in docs
@@ -117,6 +121,7 @@ async def test_package_staging_and_host_root_reach_the_services_that_build_pods(
     settings = config.load(importlib.import_module(f"services.{service}.config").Settings, env)
     assert settings.pods.package_staging == "copy"
     assert settings.pods.host_root == "/srv/host"
+    assert settings.pods.image_pull_secrets == "regcred,nvcr.io"
 
 
 async def test_the_web_page_is_a_service_of_the_status_pods_and_can_be_turned_off(

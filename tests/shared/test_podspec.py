@@ -102,10 +102,39 @@ def test_pod_settings_come_from_the_service_settings() -> None:
 
 
 @pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        pytest.param("", None, id="none"),
+        pytest.param("regcred", [{"name": "regcred"}], id="one"),
+        pytest.param("regcred,nvcr.io", [{"name": "regcred"}, {"name": "nvcr.io"}], id="two"),
+    ],
+)
+@pytest.mark.parametrize("staging", ["image-volume", "copy"])
+def test_every_package_pod_pulls_its_images_with_the_configured_secrets(
+    names: str, expected: list[dict[str, str]] | None, staging: str
+) -> None:
+    """A package image on a private registry (nvcr.io and its kin) is pulled by the node's
+    kubelet with the pod's imagePullSecrets, the agent image and the copy containers' too."""
+    from services.executor.config import Settings
+
+    env = {"NODEWRIGHT_PODS_PACKAGE_STAGING": staging}
+    if names:
+        env["NODEWRIGHT_PODS_IMAGE_PULL_SECRETS"] = names
+    cfg = config.load(Settings, env).pods
+    pod = _stage_pod(podspec.PodSettings.of(namespace="nw", config=cfg))
+    assert pod["spec"].get("imagePullSecrets") == expected
+
+
+@pytest.mark.parametrize(
     ("env", "problem"),
     [
         pytest.param({"NODEWRIGHT_PODS_PACKAGE_STAGING": "rsync"}, "package_staging", id="staging"),
         pytest.param({"NODEWRIGHT_PODS_HOST_ROOT": "relative"}, "host_root", id="host-root"),
+        pytest.param(
+            {"NODEWRIGHT_PODS_IMAGE_PULL_SECRETS": "regcred, Other"},
+            "image_pull_secrets",
+            id="pull-secrets",
+        ),
     ],
 )
 def test_bad_pod_settings_are_refused_naming_the_variable(
