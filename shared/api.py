@@ -596,8 +596,10 @@ class DrainOptions(_Model, frozen=True, kw_only=True):
 
     only_for_interrupts: bool = False
     """false (default): every node is cordoned and drained before its packages run. true: only
-    nodes where a package about to run has an interrupt (or a matching configInterrupt) are
-    cordoned and drained; other nodes are changed while their workloads keep running."""
+    nodes where a package about to run will run an interrupt are cordoned and drained: its
+    interrupt for an install, upgrade or uninstall; for a configuration change, the
+    configInterrupts matching the keys that changed. Other nodes are changed while their
+    workloads keep running."""
     timeout_seconds: Annotated[int, msgspec.Meta(ge=0, le=604800)] = 3600
     """Seconds the drain may take before the node is marked Failed with reason DrainTimeout;
     0 waits forever. Time spent waiting for podNonInterruptLabels pods does not count."""

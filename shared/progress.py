@@ -533,6 +533,17 @@ def interrupt_for_config_change(d: Desired, changed: Sequence[str]) -> api.Inter
     return merge_interrupts(due)
 
 
+def cycle_interrupt(d: Desired, rec: PackageRecord | None) -> api.Interrupt | None:
+    """The interrupt the package's cycle on a node whose record is ``rec`` runs: on the
+    version the node has installed (a configuration change), the configInterrupts of the
+    keys that changed since they were applied, merged (none matching: no interrupt); an
+    install or upgrade runs the package's interrupt. The executor starts each cycle with it;
+    the scheduler reads it to know whether the node must be drained first."""
+    if rec is not None and rec.installed == d.version:
+        return interrupt_for_config_change(d, changed_config_keys(d, rec, rec.config_keys))
+    return d.interrupt
+
+
 def merge_interrupts(interrupts: Sequence[api.Interrupt]) -> api.Interrupt | None:
     """One interrupt for all: reboot > restartAllServices > service (union) > noop."""
     if not interrupts:
@@ -559,7 +570,7 @@ def disruptive(cr: api.NodeWright, node: NodeFacts) -> bool:
             if d.interrupt is not None:  # an uninstall runs the package's interrupt
                 return True
             continue
-        if d.interrupt is not None or d.config_interrupts:
+        if cycle_interrupt(d, rec) is not None:
             return True
     return False
 

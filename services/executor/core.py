@@ -147,11 +147,7 @@ def _needs_new_cycle(d: Desired, r: PackageRecord) -> bool:
 
 def _start_cycle(w: _Work, d: Desired, r: PackageRecord | None) -> PackageRecord:
     stage, cycle = _first_stage(d, r)
-    if cycle == "config" and r is not None:
-        changed = progress.changed_config_keys(d, r, r.config_keys)
-        intr = progress.interrupt_for_config_change(d, changed)
-    else:
-        intr = d.interrupt
+    intr = progress.cycle_interrupt(d, r)
     # The last cycle's final stage keeps its check verdict (and its pod name) for this
     # version: a new cycle starting with the same stage runs as the next attempt, so neither
     # the old verdict nor the old pod is taken for the new run's.

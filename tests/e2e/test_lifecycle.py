@@ -101,9 +101,17 @@ def _stage_pods(log: PodLog, since: int, node: str) -> list[tuple[str, str, str]
     return [(e.role, e.package, e.stage) for e in log.created(since, node=node)]
 
 
+async def _cordons(services: Services, cr: str, node: str) -> int:
+    """How many times the drainer cordoned ``node`` for ``cr`` so far (its events)."""
+    found = await stream_events(services.fleet.rig.endpoints.nats_url, cr=cr, node=node)
+    return sum(isinstance(e, events.NodeCordoned) for e in found)
+
+
 async def test_a_version_bump_upgrades_and_config_changes_rerun_config_and_matching_interrupts(
     cluster: Kube, services: Services
 ) -> None:
+    """With ``drain.onlyForInterrupts``, only the cycle that runs an interrupt (the config
+    change a configInterrupt matches) cordons and drains the nodes first."""
     kapi, names = cluster, ["gpu-00", "gpu-01"]
     await _start(kapi, services, names)
     tuning = {
@@ -113,7 +121,8 @@ async def test_a_version_bump_upgrades_and_config_changes_rerun_config_and_match
         "configInterrupts": {"containerd*": {"type": "service", "services": ["containerd"]}},
     }
     async with pod_log(kapi, services.namespace) as log:
-        await manifests.apply(kapi, _cr("life", {"tuning": tuning}, 2))
+        only = {"onlyForInterrupts": True}
+        await manifests.apply(kapi, _cr("life", {"tuning": tuning}, 2, drain=only))
         await _wait_done(kapi, "life", "the install to finish")
         for n in names:
             # An install: apply then config, each checked; no interrupt for an install of a
@@ -161,6 +170,8 @@ async def test_a_version_bump_upgrades_and_config_changes_rerun_config_and_match
             ]
             rec = (await _executor(kapi, n, "life")).packages["tuning"]
             assert (rec.cycle, rec.interrupt) == ("config", "")
+            # Install, upgrade and this change ran no interrupt: never cordoned.
+            assert await _cordons(services, "life", n) == 0
 
         # 3. A key a configInterrupt matches: config, then the interrupt, then post-interrupt.
         mark = len(log.events)
@@ -185,6 +196,7 @@ async def test_a_version_bump_upgrades_and_config_changes_rerun_config_and_match
             assert whole.interrupt is not None
             assert whole.interrupt.state == "succeeded"
             assert whole.packages["tuning"].installed == "1.1.0"
+            assert await _cordons(services, "life", n) == 1, "drained for the interrupt"
 
 
 async def test_service_interrupts_of_two_packages_merge_into_one_pod_per_node(

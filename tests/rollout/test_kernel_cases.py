@@ -158,6 +158,82 @@ def test_drain_only_for_interrupts_admits_non_disruptively() -> None:
     assert plan2.admit[0].selection.disruptive is True
 
 
+_APPLIED = {"a.conf": "1", "b.conf": "1"}
+
+
+@pytest.mark.parametrize(
+    ("package", "installed", "expected"),
+    [
+        pytest.param({}, "", False, id="install-without-interrupt"),
+        pytest.param(
+            {"configInterrupts": {"b*": {"type": "reboot"}}},
+            "",
+            False,
+            id="install-runs-no-config-interrupt",
+        ),
+        pytest.param({"interrupt": {"type": "reboot"}}, "", True, id="install-with-interrupt"),
+        pytest.param(
+            {
+                "configInterrupts": {"b*": {"type": "reboot"}},
+                "configMap": {**_APPLIED, "a.conf": "2"},
+            },
+            "1.0.0",
+            False,
+            id="config-change-of-keys-without-interrupt",
+        ),
+        pytest.param(
+            {
+                "configInterrupts": {"b*": {"type": "reboot"}},
+                "configMap": {**_APPLIED, "b.conf": "2"},
+            },
+            "1.0.0",
+            True,
+            id="config-change-of-a-key-with-interrupt",
+        ),
+        pytest.param(
+            {"interrupt": {"type": "reboot"}, "configMap": {**_APPLIED, "a.conf": "2"}},
+            "1.0.0",
+            False,
+            id="config-change-runs-no-package-interrupt",
+        ),
+        pytest.param(
+            {"configInterrupts": {"b*": {"type": "reboot"}}},
+            "0.9.0",
+            False,
+            id="upgrade-without-interrupt",
+        ),
+    ],
+)
+def test_drain_only_for_interrupts_drains_a_node_only_where_its_cycle_runs_one(
+    package: dict[str, Any], installed: str, expected: bool
+) -> None:
+    """A configuration change runs the configInterrupts of the keys that changed, an install
+    or upgrade the package's interrupt (``progress.cycle_interrupt``, which the executor starts
+    each cycle with): only a node where one will run is cordoned and drained first."""
+    spec = {"version": "1.0.0", "image": "r/k", "configMap": _APPLIED, **package}
+    cr = nodewright(drain={"onlyForInterrupts": True}, packages={"k": spec})
+    records = {}
+    if installed:
+        applied = progress.config_key_digests(_APPLIED)
+        done = PackageRecord(
+            version=installed,
+            stage="config",
+            state="succeeded",
+            installed=installed,
+            config=progress.desired(nodewright(packages={"k": {**spec, "configMap": _APPLIED}}))[
+                "k"
+            ].config_digest,
+            config_keys=applied,
+            updated=T0,
+        )
+        records[nodestate.EXECUTOR] = ExecutorRecord(packages={"k": done})
+    (facts,) = _facts(node("a", records=records))
+    assert not progress.package_done(progress.desired(cr)["k"], facts.executor.packages.get("k"))
+    assert progress.disruptive(cr, facts) is expected
+    always = nodewright(packages={"k": spec})
+    assert progress.disruptive(always, facts), "without onlyForInterrupts every node is drained"
+
+
 def test_the_cluster_budget_counts_another_nodewrights_admission_in_flight() -> None:
     """NodeWright a wrote its book with the fence and is about to admit a-0; b decides on
     nodes that do not show that admission yet: the cluster budget of 1 is taken."""
