@@ -53,7 +53,7 @@ from shared.controller import Controller
 from shared.decisions import JSON, Keep, NodeDecision, PodRef, Remove, Write
 from shared.informer import Informer
 from shared.kube import ApiError, Kube, path_of
-from shared.pods import LABEL_MANAGED, LABEL_PACKAGE, MANAGED_BY
+from shared.pods import LABEL_CR, LABEL_MANAGED, LABEL_PACKAGE, MANAGED_BY
 from shared.streaming import TooLate
 
 _log = logging.getLogger("nodewright.nodeshell")
@@ -570,13 +570,12 @@ PACKAGE_CONFIG_MAPS: Final = f"{LABEL_MANAGED}={MANAGED_BY},{LABEL_PACKAGE}"
 
 def presence_only(obj: JSON) -> JSON:
     """What the package ConfigMap cache keeps of one: its metadata, not its files (up to
-    1 MiB each, and only their existence is asked about)."""
+    1 MiB each, and only their existence and whose they are are asked about)."""
     meta = obj.get("metadata") or {}
-    return {
-        "metadata": {
-            k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta
-        }
-    }
+    kept = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}
+    labels = meta.get("labels") or {}
+    kept["labels"] = {k: labels[k] for k in (LABEL_CR, LABEL_PACKAGE) if k in labels}
+    return {"metadata": kept}
 
 
 def package_config_maps(controller: Controller[Any], namespace: str) -> Informer:

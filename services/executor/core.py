@@ -41,6 +41,10 @@ publish. Rules:
   the validator have honoured the same requests, so a reset never runs stages on a node
   about to be drained again, nor finishes before its validation was forgotten.
 
+- Package ConfigMaps (one per configuration of a package, named by its digest) that no
+  NodeWright wants any more and no pod mounts are deleted (:func:`sweep_config_maps`), once
+  they were so at two sweeps in a row; a deleted NodeWright's go with it (owner reference).
+
 Pure: no I/O, ``now`` passed in. The shell writes the record before creating pods, so a
 crash in between recreates the same deterministic pod instead of losing track of it.
 """
@@ -60,7 +64,7 @@ from shared.decisions import Keep, RecordChange, Remove, Work, Write
 from shared.events import Reason
 from shared.nodestate import Request, Requests, check_key
 from shared.pods import PodKey, PodView
-from shared.podspec import PodRequest
+from shared.podspec import PodRequest, config_map_name
 from shared.progress import Desired, NodeFacts
 from shared.records.executor import Cycle, ExecutorRecord, InterruptRecord, PackageRecord
 
@@ -1012,3 +1016,60 @@ def decide(
         announce=w.announcements(),
         requeue_after=w.requeue,
     )
+
+
+# ---- package ConfigMaps ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PackageConfigMap:
+    """What the sweep reads of a package ConfigMap: its name and whose it is (its labels)."""
+
+    name: str
+    cr: str
+    package: str
+
+
+@dataclass(frozen=True)
+class ConfigMapSweep:
+    """What one sweep decided: the ConfigMaps to delete, and since when each other unwanted
+    one has been seen so (the next sweep's ``seen``)."""
+
+    delete: tuple[str, ...] = ()
+    unwanted: Mapping[str, datetime] = field(default_factory=dict)
+
+
+def sweep_config_maps(
+    config_maps: Sequence[PackageConfigMap],
+    *,
+    crs: Mapping[str, api.NodeWright],
+    mounted: set[str],
+    seen: Mapping[str, datetime],
+    now: datetime,
+    grace_s: float,
+) -> ConfigMapSweep:
+    """The package ConfigMaps to delete now: of a NodeWright in ``crs`` that is not being
+    deleted (a deleted one takes its own with it), for a package whose configuration it no
+    longer has (another configuration, no configuration, or no such package), mounted by no
+    pod in ``mounted``, and seen so for ``grace_s`` already (``seen``: the last sweep's
+    :attr:`ConfigMapSweep.unwanted`). The grace covers a decision taken on the old
+    configuration just before it changed, whose pod is about to be created with it."""
+    wanted: set[str] = set()
+    for cr in crs.values():
+        if progress.deleting(cr):
+            continue
+        for d in progress.desired(cr).values():
+            if d.config:
+                wanted.add(config_map_name(cr.metadata.name, d.name, d.config_digest))
+    delete: list[str] = []
+    unwanted: dict[str, datetime] = {}
+    for cm in config_maps:
+        owner = crs.get(cm.cr)
+        if owner is None or progress.deleting(owner) or cm.name in wanted or cm.name in mounted:
+            continue
+        since = seen.get(cm.name, now)
+        if (now - since).total_seconds() >= grace_s:
+            delete.append(cm.name)
+        else:
+            unwanted[cm.name] = since
+    return ConfigMapSweep(delete=tuple(sorted(delete)), unwanted=unwanted)

@@ -18,9 +18,11 @@ recovery requests or the executor's record, or running NodeWright pods).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 
 import msgspec
 
@@ -43,7 +45,7 @@ from shared import (
 from shared.controller import Controller, NodeKey, PodIndex, node_unchanged, status_only
 from shared.decisions import NodeDecision, Remove, Write
 from shared.informer import Informer, slim_node
-from shared.kube import JSON, path_of
+from shared.kube import JSON, ApiError, path_of
 from shared.records.executor import ExecutorRecord
 
 NAME = "executor"
@@ -101,12 +103,15 @@ class Executor:
             to_keys=lambda e: [(e.cr, e.node)] if e.node else [],
         )
         self.node_port = nodeshell.KubeNodes(ctx.kube, self.nodes)
+        self.config_maps: Informer = nodeshell.package_config_maps(c, ctx.settings.namespace)
+        self._unwanted: Mapping[str, datetime] = {}
+        """Package ConfigMaps the last sweep found unwanted, and since when."""
         self.object_port = nodeshell.KubeObjects(
             ctx.kube,
             ctx.settings.namespace,
             pods=self.pods,
             on_pod=self.pod_index.on_change,
-            config_maps=nodeshell.package_config_maps(c, ctx.settings.namespace),
+            config_maps=self.config_maps,
         )
         self.bus_port = nodeshell.BusEvents(self.publisher)
 
@@ -310,11 +315,79 @@ class Executor:
             announced=announced,
         )
 
+    # ---- package ConfigMaps -------------------------------------------------------------
+
+    async def sweep(self) -> None:
+        """Every resync interval, delete the package ConfigMaps no NodeWright wants any more
+        (:func:`services.executor.core.sweep_config_maps`): one per configuration a package
+        ever had, kept until its NodeWright was deleted."""
+        await self.controller.synced()
+        interval = self.ctx.settings.resync_interval_s
+        while True:
+            await self.sweep_once(grace_s=interval)
+            await asyncio.sleep(interval)
+
+    async def sweep_once(self, *, grace_s: float) -> list[str]:
+        """One sweep; the ConfigMaps it deleted."""
+        crs: dict[str, api.NodeWright] = {}
+        for raw in self.crs.values():
+            try:
+                crs[raw["metadata"]["name"]] = self._decode_cr(raw)
+            except msgspec.ValidationError:
+                continue  # its reconciles say so; its ConfigMaps wait
+        decided = core.sweep_config_maps(
+            [_package_config_map(obj) for obj in self.config_maps.values()],
+            crs=crs,
+            mounted=_mounted_config_maps(self.pods.values()),
+            seen=self._unwanted,
+            now=self.ctx.clock(),
+            grace_s=grace_s,
+        )
+        self._unwanted = decided.unwanted
+        deleted: list[str] = []
+        for name in decided.delete:
+            path = path_of(plural="configmaps", namespace=self.ctx.settings.namespace, name=name)
+            try:
+                await self.ctx.kube.delete_if_present(path)
+            except ApiError as exc:
+                # The next sweep finds it again.
+                _log.warning(
+                    "Failed to delete package ConfigMap",
+                    extra={"configmap": name, "error": str(exc)},
+                )
+                continue
+            deleted.append(name)
+            _log.info("Deleted package ConfigMap no NodeWright wants", extra={"configmap": name})
+        return deleted
+
+
+def _package_config_map(obj: JSON) -> core.PackageConfigMap:
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    return core.PackageConfigMap(
+        name=str(meta.get("name") or ""),
+        cr=str(labels.get(pods.LABEL_CR) or ""),
+        package=str(labels.get(pods.LABEL_PACKAGE) or ""),
+    )
+
+
+def _mounted_config_maps(cached_pods: Iterable[JSON]) -> set[str]:
+    """The ConfigMaps the volumes of these pods name."""
+    return {
+        str(v["configMap"].get("name") or "")
+        for pod in cached_pods
+        for v in (pod.get("spec") or {}).get("volumes") or ()
+        if isinstance(v.get("configMap"), dict)
+    }
+
 
 async def build(ctx: runtime.ServiceContext) -> None:
-    """Register the executor's informers, consumer, queue and resync with the supervisor."""
+    """Register the executor's informers, consumer, queue, resync and ConfigMap sweep with
+    the supervisor."""
     assert isinstance(ctx.settings, Settings)
-    Executor(ctx, ctx.settings).controller.register()
+    executor = Executor(ctx, ctx.settings)
+    executor.controller.register()
+    ctx.supervisor.add("sweep:configmaps", executor.sweep)
 
 
 SERVICE = runtime.Service(name=NAME, settings_type=Settings, build=build)

@@ -22,8 +22,8 @@ import pytest
 from nodewright import manifests
 from nodewright.rig import nodes
 from services.validator import core as vcore
-from shared import api, events, progress
-from shared.kube import Kube
+from shared import api, events, pods, podspec, progress
+from shared.kube import Kube, path_of
 from shared.records.executor import ExecutorRecord
 from tests.e2e.conftest import NODES, Sampler, Services, read_cr
 from tests.helpers.bus import stream_events
@@ -101,6 +101,15 @@ def _stage_pods(log: PodLog, since: int, node: str) -> list[tuple[str, str, str]
     return [(e.role, e.package, e.stage) for e in log.created(since, node=node)]
 
 
+async def _config_maps(kapi: Kube, services: Services, cr: str) -> set[str]:
+    """The names of the package ConfigMaps of ``cr``."""
+    listed = await kapi.get(
+        path_of(plural="configmaps", namespace=services.namespace),
+        labelSelector=f"{pods.LABEL_CR}={cr}",
+    )
+    return {i["metadata"]["name"] for i in listed.get("items") or ()}
+
+
 async def _cordons(services: Services, cr: str, node: str) -> int:
     """How many times the drainer cordoned ``node`` for ``cr`` so far (its events)."""
     found = await stream_events(services.fleet.rig.endpoints.nats_url, cr=cr, node=node)
@@ -135,6 +144,8 @@ async def test_a_version_bump_upgrades_and_config_changes_rerun_config_and_match
             ]
             rec = (await _executor(kapi, n, "life")).packages["tuning"]
             assert (rec.installed, rec.cycle) == ("1.0.0", "install")
+        installed_with = await _config_maps(kapi, services, "life")
+        assert len(installed_with) == 1
 
         # 1. The version bump runs upgrade from the installed version, never apply.
         mark = len(log.events)
@@ -197,6 +208,16 @@ async def test_a_version_bump_upgrades_and_config_changes_rerun_config_and_match
             assert whole.interrupt.state == "succeeded"
             assert whole.packages["tuning"].installed == "1.1.0"
             assert await _cordons(services, "life", n) == 1, "drained for the interrupt"
+
+        # 4. Three configurations made three ConfigMaps: only the current one stays.
+        current = progress.desired(await read_cr(kapi, "life"))["tuning"]
+        wanted = {podspec.config_map_name("life", "tuning", current.config_digest)}
+        assert not installed_with & wanted
+
+        async def swept() -> bool:
+            return await _config_maps(kapi, services, "life") == wanted
+
+        await eventually(swept, timeout_s=60, what="the unwanted ConfigMaps to go")
 
 
 async def test_service_interrupts_of_two_packages_merge_into_one_pod_per_node(

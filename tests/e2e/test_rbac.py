@@ -11,7 +11,7 @@ import pytest
 
 from nodewright import manifests
 from nodewright.rig import nodes
-from shared import api, progress
+from shared import api, pods, progress
 from shared.kube import ApiError, Kube, path_of
 from tests.e2e.conftest import NODES, Services, read_cr
 from tests.helpers.waiting import eventually
@@ -75,8 +75,15 @@ async def test_a_rollout_works_with_least_privilege_service_accounts(
         )
     assert "dependsOn" in denied.value.message
 
+    package = {"version": "1.0.0", "image": "registry.example/tuning", "configMap": {"a": "1"}}
     await manifests.apply(
-        kapi, _cr("least", runtimeRequired=True, drain={"unmanagedPods": "Evict"})
+        kapi,
+        _cr(
+            "least",
+            runtimeRequired=True,
+            drain={"unmanagedPods": "Evict"},
+            packages={"tuning": package},
+        ),
     )
 
     async def finished() -> bool:
@@ -108,4 +115,26 @@ async def test_a_rollout_works_with_least_privilege_service_accounts(
     assert any(e.get("reason") == "RolloutComplete" for e in events["items"]), (
         "the status service wrote Events with its own account"
     )
+
+    # A configuration change: the executor deletes the ConfigMap of the old one.
+    first = await _config_maps(kapi, ns)
+    assert len(first) == 1
+    await kapi.patch(
+        f"{manifests.NODEWRIGHTS}/least",
+        {"spec": {"packages": {"tuning": {"configMap": {"a": "2"}}}}},
+    )
+
+    async def swept() -> bool:
+        left = await _config_maps(kapi, ns)
+        return len(left) == 1 and not left & first
+
+    await eventually(swept, timeout_s=180, interval_s=1, what="the old ConfigMap to go")
     services.fleet.check_alive()
+
+
+async def _config_maps(kapi: Kube, namespace: str) -> set[str]:
+    listed = await kapi.get(
+        path_of(plural="configmaps", namespace=namespace),
+        labelSelector=f"{pods.LABEL_CR}=least",
+    )
+    return {i["metadata"]["name"] for i in listed.get("items") or ()}
