@@ -157,6 +157,13 @@ def _spec(spec: api.NodeWrightSpec) -> Iterator[Violation]:
                     message=f"{dep} is at version {spec.packages[dep].version} in this "
                     f"NodeWright, not {version}",
                 )
+            elif _uninstalling(spec.packages[dep]) and not _uninstalling(pkg):
+                yield Violation(
+                    field=f"{path}.dependsOn[{dep}]",
+                    message=f"{dep} is being uninstalled (uninstall.requested) while {name}, "
+                    f"which depends on it, stays: uninstall {name} too, or remove the "
+                    "dependency first",
+                )
     if cycle := _find_cycle(spec.packages):
         yield Violation(
             field=f"spec.packages[{cycle[0]}].dependsOn",
@@ -244,6 +251,10 @@ def _policy_exists(name: str, existing: frozenset[str]) -> Iterator[Violation]:
 
 def _present(inventory: PackageInventory, name: str) -> int:
     return sum(inventory.get(name, {}).values())
+
+
+def _uninstalling(pkg: api.Package) -> bool:
+    return pkg.uninstall is not None and pkg.uninstall.requested
 
 
 def _uninstall_guards(

@@ -178,6 +178,26 @@ NODEWRIGHT_CASES = [
     ),
     pytest.param(
         Case(
+            new=(
+                pkg("a", dependsOn={"b": "2.0.0"}),
+                pkg("b", uninstall={"enabled": True, "requested": True}),
+            ),
+            denied_at=("spec.packages[a].dependsOn[b]",),
+            says="uninstall a too, or remove the dependency first",
+        ),
+        id="depends-on-a-package-being-uninstalled",
+    ),
+    pytest.param(
+        Case(
+            new=(
+                pkg("a", dependsOn={"b": "2.0.0"}, uninstall={"enabled": True, "requested": True}),
+                pkg("b", uninstall={"enabled": True, "requested": True}),
+            ),
+        ),
+        id="a-dependency-uninstalled-with-its-dependent-allowed",
+    ),
+    pytest.param(
+        Case(
             new=(pkg("a", dependsOn={"b": "2.0.0"}), pkg("b", dependsOn={"a": "1.0.0"})),
             denied_at=("spec.packages[a].dependsOn",),
             says="a -> b -> a",
