@@ -384,7 +384,10 @@ def _view(pod: Mapping[str, Any], statuses: list[Any]) -> PodView:
     if not image:
         containers = spec.get("containers") or []
         image = str(containers[0].get("image") or "") if containers else ""
-    image_volume = any("image" in (v or {}) for v in spec.get("volumes") or [])
+    volumes = [v for v in spec.get("volumes") or [] if "image" in (v or {})]
+    image_volume = bool(volumes)
+    if waiting_reason in IMAGE_PULL_REASONS:
+        image = _failed_pull(image, volumes, waiting_message)
     try:
         attempt = int(ann.get(ANN_ATTEMPT) or 1)
     except ValueError:
@@ -409,6 +412,24 @@ def _view(pod: Mapping[str, Any], statuses: list[Any]) -> PodView:
         image_volume=image_volume,
         cycle=str(ann.get(ANN_CYCLE) or ""),
     )
+
+
+def _failed_pull(container_image: str, volumes: list[Any], message: str) -> str:
+    """The image a failed pull is about. A real kubelet reports an image volume it cannot
+    pull on the container that mounts it (the agent's), naming the volume's image in the
+    runtime's message: containerd the reference, CRI-O its repository."""
+    for v in volumes:
+        ref = str((v.get("image") or {}).get("reference") or "")
+        if ref and (ref in message or _repository(ref) in message):
+            return ref
+    return container_image
+
+
+def _repository(ref: str) -> str:
+    """``registry/path`` of an image reference, without its tag or digest."""
+    name = ref.split("@", 1)[0]
+    head, _, tail = name.rpartition(":")
+    return head if head and "/" not in tail else name
 
 
 AGENT_RESULT_SCHEMA = "nodewright.agent.result/v1"

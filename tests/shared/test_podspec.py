@@ -432,3 +432,54 @@ def test_simulated_stage_pods_fail_their_stage_or_their_check(
     got = {k: v for k, v in pod["metadata"]["annotations"].items() if k.startswith("sim.")}
     assert {k: got.get(k) for k in expected} == expected
     assert ("sim.nodewright.nvidia.com/fail-init" in got) == ("fail-init" in str(expected))
+
+
+PACKAGE = "registry.example/nowhere:1.0.0"
+CONTAINERD_PULL = (
+    f'failed to pull and unpack image "{PACKAGE}": failed to resolve image: failed to do '
+    'request: Head "https://registry.example/v2/nowhere/manifests/1.0.0": dial tcp: lookup '
+    "registry.example: network is unreachable"
+)
+CRIO_PULL = (
+    "initializing source docker://registry.example/nowhere:1.0.0: pinging container registry "
+    'registry.example: Get "https://registry.example/v2/": dial tcp: no such host'
+)
+
+
+@pytest.mark.parametrize(
+    ("message", "named"),
+    [
+        pytest.param(CONTAINERD_PULL, PACKAGE, id="containerd-names-the-volume-image"),
+        pytest.param(CRIO_PULL, PACKAGE, id="cri-o-names-its-repository"),
+        pytest.param(
+            f'failed to pull and unpack image "{AGENT}": not found', AGENT, id="the-agent-image"
+        ),
+        pytest.param("Back-off pulling image", AGENT, id="a-message-naming-none"),
+    ],
+)
+def test_a_failed_pull_names_the_image_the_runtime_could_not_pull(message: str, named: str) -> None:
+    """tests/e2e/realnode: a real kubelet reports the package's image volume it cannot pull
+    on the agent's container, naming the volume's image in the message; the failure named
+    the agent's image."""
+    pod = _stage_pod(podspec.PodSettings(namespace="nw", agent_image=AGENT))
+    assert pod["spec"]["volumes"][1]["image"]["reference"].startswith("ghcr.io/")
+    pod["spec"]["volumes"][1]["image"]["reference"] = PACKAGE
+    container = pod["spec"]["initContainers"][0]["name"]
+    pod["metadata"]["creationTimestamp"] = T0.isoformat()
+    pod["status"] = {
+        "phase": "Pending",
+        "initContainerStatuses": [
+            {
+                "name": container,
+                "image": AGENT,
+                "state": {"waiting": {"reason": "ErrImagePull", "message": message}},
+            }
+        ],
+    }
+    seen = pods.view(pod)
+    assert seen.image_pull_failed
+    assert seen.image == named
+    reason = pods.image_pull_failure(seen, now=T0 + timedelta(days=1), grace_s=1.0)
+    assert reason is not None
+    assert reason.details["image"] == named
+    assert reason.message.startswith(f"cannot pull image {named}: ErrImagePull")

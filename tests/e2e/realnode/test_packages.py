@@ -482,3 +482,21 @@ async def test_a_runtime_without_image_volumes_names_the_setting_and_copy_stagin
     assert "ok: vm.swappiness = 10" in _logs(
         legacy_node, "legacy", "sysctl-tuning", "1.0.0", "apply-check"
     )
+
+
+async def test_a_package_image_that_cannot_be_pulled_fails_the_node_naming_it(
+    rig: Rig, cluster: Kube, services: Services, real_node: RealNode
+) -> None:
+    """The kubelet cannot pull the package image (no registry serves it): the stage fails
+    with ImagePullFailed naming the image, once the pull grace is over, not at the stage's
+    timeout; the image is mounted as a volume, whose pull a real kubelet reports."""
+    kapi, node = cluster, real_node.name
+    services.fleet.extra_env["NODEWRIGHT_PODS_IMAGE_PULL_GRACE_S"] = "5"
+    await asyncio.to_thread(services.fleet.start_all)
+    await manifests.apply(
+        kapi, _cr("nowhere", {"nowhere": {"version": "1.0.0", "image": "registry.example/nowhere"}})
+    )
+    reason = await _failure(kapi, "nowhere", node, "nowhere")
+    assert reason.code == "ImagePullFailed", reason
+    assert reason.details["image"] == "registry.example/nowhere:1.0.0"
+    assert "registry.example/nowhere:1.0.0" in reason.message
