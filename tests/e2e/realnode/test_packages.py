@@ -500,3 +500,47 @@ async def test_a_package_image_that_cannot_be_pulled_fails_the_node_naming_it(
     assert reason.code == "ImagePullFailed", reason
     assert reason.details["image"] == "registry.example/nowhere:1.0.0"
     assert "registry.example/nowhere:1.0.0" in reason.message
+
+
+async def test_a_packages_env_reaches_its_steps_and_a_missing_secret_is_named(
+    rig: Rig, cluster: Kube, services: Services, real_node: RealNode, tmp_path: Path
+) -> None:
+    """``spec.packages[].env`` on a real kubelet: a variable whose Secret does not exist yet
+    keeps the container from being created (CreateContainerConfigError, which only a real
+    kubelet gives): the node fails naming the Secret once the grace is over; with the Secret
+    made and the node retried, the step reads both variables."""
+    kapi, node = cluster, real_node.name
+    stages = {
+        "apply": {
+            "steps": [{"name": "env", "path": "env.sh"}],
+            "check": [{"name": "ok", "path": "ok.sh"}],
+        }
+    }
+    env_sh = '#!/bin/sh\nprintf \'%s|%s\\n\' "$GREETING" "$TOKEN" > /etc/envy.txt\n'
+    pkg = _package(
+        tmp_path, "envy", "1.0.0", stages=stages, steps={"env.sh": env_sh, "ok.sh": "#!/bin/sh\n"}
+    )
+    await _load(real_node, pkg, "registry.example/envy:1.0.0", tmp_path)
+    services.fleet.extra_env["NODEWRIGHT_PODS_IMAGE_PULL_GRACE_S"] = "5"
+    await asyncio.to_thread(services.fleet.start_all)
+    secret_ref = {"secretKeyRef": {"name": "envy-secret", "key": "token"}}
+    package = {
+        "version": "1.0.0",
+        "image": "registry.example/envy",
+        "env": [{"name": "GREETING", "value": "hello"}, {"name": "TOKEN", "valueFrom": secret_ref}],
+    }
+    await manifests.apply(kapi, _cr("envy", {"envy": package}))
+
+    reason = await _failure(kapi, "envy", node, "envy")
+    assert reason.code == "ContainerCreateFailed", reason
+    assert reason.details["waitingReason"] == "CreateContainerConfigError"
+    assert 'secret "envy-secret" not found' in reason.message
+
+    await kapi.create(
+        path_of(plural="secrets", namespace=services.namespace),
+        {"metadata": {"name": "envy-secret"}, "stringData": {"token": "s3cret"}},
+    )
+    done = await cli(rig, "node", "retry", node, "--nodewright", "envy")
+    assert done.code == 0, done.err
+    await _wait_ready(kapi, "envy", "the package that reads its env")
+    assert _host(real_node, "/etc/envy.txt").read_text() == "hello|s3cret\n"
