@@ -535,6 +535,10 @@ def _settled(records: Mapping[str, PackageRecord], pod: PodView) -> bool:
     )
 
 
+def _timed_out(r: PackageRecord) -> bool:
+    return r.reason is not None and r.reason.code == reasons.STAGE_TIMEOUT
+
+
 def _key(r: PackageRecord, name: str) -> PodKey:
     return progress.pod_key(name, r)
 
@@ -591,8 +595,11 @@ def _packages(
         if r.state == "failed" or r.stage == INTERRUPT_STAGE:
             if r.state == "failed":
                 pod = pods_by.get(_key(r, name))
-                if pod is not None:
-                    w.keep.add(pod.name)  # failed pods stay for their logs until a retry
+                # Failed pods stay for their logs until a retry; but a stage stopped for its
+                # timeout may still run: its pod goes, with the step's processes on the host,
+                # in a later pass if the one that failed it could not delete it yet.
+                if pod is not None and not _timed_out(r):
+                    w.keep.add(pod.name)
             continue
         if r.state == "running":
             pod = pods_by.get(_key(r, name))

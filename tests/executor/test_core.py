@@ -292,6 +292,15 @@ def test_a_stage_running_past_its_timeout_fails_and_its_pod_is_deleted() -> None
     assert reason is not None
     assert reason.code == "StageTimeout"
     assert d2.delete == (req.name,)
+    # The pod outlived that pass (too young to delete, or its delete met a newer version):
+    # the failed stage does not keep it for its logs; it goes, and its steps with it.
+    d3 = core.decide(
+        cr=cr,
+        node=_facts(_rec(d2)),
+        node_pods=[_pod(req, "Running")],
+        now=T0 + timedelta(seconds=70),
+    )
+    assert d3.delete == (req.name,)
 
 
 def test_a_stage_whose_pod_never_appears_fails_at_its_timeout_with_a_reason() -> None:

@@ -107,6 +107,10 @@ def _logs(node: RealNode, cr: str, package: str, version: str, mode: str) -> str
     return "".join(p.read_text() for p in sorted(root.rglob("*.log"))) if root.is_dir() else ""
 
 
+def _running(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
 def _process(pid: int) -> tuple[bytes, int]:
     """A process of this machine: its command line and its network namespace."""
     return Path(f"/proc/{pid}/cmdline").read_bytes(), os.stat(f"/proc/{pid}/ns/net").st_ino
@@ -544,3 +548,48 @@ async def test_a_packages_env_reaches_its_steps_and_a_missing_secret_is_named(
     assert done.code == 0, done.err
     await _wait_ready(kapi, "envy", "the package that reads its env")
     assert _host(real_node, "/etc/envy.txt").read_text() == "hello|s3cret\n"
+
+
+async def test_a_stage_past_its_timeout_fails_and_its_step_stops_on_the_host(
+    rig: Rig, cluster: Kube, services: Services, real_node: RealNode, tmp_path: Path
+) -> None:
+    """A step that hangs: the stage fails with StageTimeout, and the step's process (the
+    host's, with hostPID) is stopped with its pod, within gracefulShutdownSeconds, not left
+    running after the failure."""
+    kapi, node = cluster, real_node.name
+    stages = {
+        "apply": {
+            "steps": [{"name": "hang", "path": "hang.sh"}],
+            "check": [{"name": "ok", "path": "ok.sh"}],
+        }
+    }
+    hang = "#!/bin/sh\necho $$ > /etc/hang.pid\nexec sleep 3600\n"
+    pkg = _package(
+        tmp_path, "hang", "1.0.0", stages=stages, steps={"hang.sh": hang, "ok.sh": "#!/bin/sh\n"}
+    )
+    await _load(real_node, pkg, "registry.example/hang:1.0.0", tmp_path)
+    await asyncio.to_thread(services.fleet.start_all)
+    package = {
+        "version": "1.0.0",
+        "image": "registry.example/hang",
+        "stageTimeoutSeconds": 10,
+        "gracefulShutdownSeconds": 5,
+    }
+    await manifests.apply(kapi, _cr("hang", {"hang": package}))
+
+    said = _host(real_node, "/etc/hang.pid")
+
+    async def started() -> int | Pending:
+        text = said.read_text().strip() if said.exists() else ""
+        return int(text) if text else Pending("the step has not started")
+
+    pid = await eventually(started, timeout_s=120, interval_s=0.2, what="the step to start")
+    assert b"sleep" in _process(pid)[0], "the step's own process, seen on the host"
+    reason = await _failure(kapi, "hang", node, "hang")
+    assert reason.code == "StageTimeout", reason
+    assert reason.details["timeoutSeconds"] == "10"
+
+    async def stopped() -> bool:
+        return not _running(pid)
+
+    await eventually(stopped, timeout_s=30, interval_s=0.5, what="the hung step to be stopped")
