@@ -43,8 +43,9 @@ from nodewright.rig import pki as _pki, realnode as _realnode
 K8S_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
 # kube-controller-manager controllers the product and its tests rely on: PDB status
-# (disruption), owner-reference cascades (garbagecollector), namespace teardown, and
-# Deployments/ReplicaSets for realistic workloads behind PDBs.
+# (disruption), owner-reference cascades (garbagecollector), namespace teardown,
+# Deployments/ReplicaSets for realistic workloads behind PDBs, and the built-in view, edit
+# and admin roles taking in the chart's user roles (clusterrole-aggregation).
 KCM_CONTROLLERS = (
     "disruption",
     "garbagecollector",
@@ -52,6 +53,7 @@ KCM_CONTROLLERS = (
     "deployment",
     "replicaset",
     "serviceaccount",
+    "clusterrole-aggregation",
 )
 
 # With real nodes, what a cluster's workloads need besides: Service endpoints (kube-proxy and

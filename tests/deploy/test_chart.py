@@ -9,9 +9,10 @@ import pytest
 
 from nodewright import manifests
 from nodewright.rig import Rig
-from shared import config
+from shared import api, config
 from shared.kube import Kube
 from tests.deploy.helm import CHART, render, run, server_dry_run, template
+from tests.helpers.waiting import eventually
 
 SERVICES = ("scheduler", "drainer", "executor", "validator", "status")
 
@@ -162,3 +163,75 @@ async def test_the_web_page_is_a_service_of_the_status_pods_and_can_be_turned_of
         "false",
         "true",
     )
+
+
+RBAC = "rbac.authorization.k8s.io"
+GROUP = api.GROUP
+
+
+async def _allowed(kapi: Kube, user: str, verb: str, resource: str, group: str) -> bool:
+    review = await kapi.create(
+        "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+        {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": user,
+                "resourceAttributes": {"group": group, "resource": resource, "verb": verb},
+            },
+        },
+    )
+    return bool(review.get("status", {}).get("allowed"))
+
+
+async def test_people_read_with_view_and_the_viewer_role_and_write_with_edit_and_the_editor(
+    rig: Rig, kapi: Kube
+) -> None:
+    """The user ClusterRoles, applied to the real API server: the built-in view, edit and
+    admin roles take them in (the controller-manager's aggregation), and neither grants what
+    the services' own roles do (Nodes)."""
+    roles = [d for d in await render(bin_dir=rig.bin_dir) if d["kind"] == "ClusterRole"]
+    mine = {
+        d["metadata"]["name"]: d
+        for d in roles
+        if d["metadata"]["name"] in ("nw-viewer", "nw-editor")
+    }
+    assert set(mine) == {"nw-viewer", "nw-editor"}
+    off = await render("--set", "userRoles.enabled=false", bin_dir=rig.bin_dir)
+    assert not [d for d in off if d["metadata"]["name"] in mine]
+    bound = {"nw-test-viewer": "view", "nw-test-editor": "nw-editor", "nw-test-admin": "admin"}
+    made: list[str] = []
+    try:
+        for role in mine.values():
+            await kapi.create(f"/apis/{RBAC}/v1/clusterroles", role)
+            made.append(f"/apis/{RBAC}/v1/clusterroles/{role['metadata']['name']}")
+        for user, role_name in bound.items():
+            await kapi.create(
+                f"/apis/{RBAC}/v1/clusterrolebindings",
+                {
+                    "metadata": {"name": user},
+                    "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": role_name},
+                    "subjects": [{"apiGroup": RBAC, "kind": "User", "name": user}],
+                },
+            )
+            made.append(f"/apis/{RBAC}/v1/clusterrolebindings/{user}")
+
+        async def aggregated() -> bool:
+            return await _allowed(kapi, "nw-test-viewer", "list", "nodewrights", GROUP) and (
+                await _allowed(kapi, "nw-test-admin", "delete", "deploymentpolicies", GROUP)
+            )
+
+        await eventually(aggregated, timeout_s=60, what="view and admin to take the roles in")
+        expected = {
+            ("nw-test-viewer", "watch", "deploymentpolicies", GROUP): True,
+            ("nw-test-viewer", "create", "nodewrights", GROUP): False,
+            ("nw-test-editor", "create", "nodewrights", GROUP): True,
+            ("nw-test-editor", "update", "deploymentpolicies", GROUP): True,
+            ("nw-test-editor", "patch", "nodes", ""): False,
+            ("nw-test-editor", "update", "nodewrights/status", GROUP): False,
+        }
+        seen = {case: await _allowed(kapi, *case) for case in expected}
+        assert seen == expected
+    finally:
+        for path in reversed(made):
+            await kapi.delete_if_present(path)
