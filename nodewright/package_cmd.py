@@ -296,6 +296,42 @@ async def _follow(client: Kube, path: str, query: Mapping[str, Any], prefix: str
         sys.stdout.flush()
 
 
+NEXT_PART_POLL_S = 0.5
+"""How often ``logs -f`` looks at a pod for its next container to start."""
+
+
+async def _next_part(
+    client: Kube,
+    namespace: str,
+    name: str,
+    followed: set[str],
+    stage: str,
+    raw: Mapping[str, Any],
+) -> tuple[pods.PodView | None, Mapping[str, Any]]:
+    """The first part of pod ``name`` (``shared.pods.parts``; with ``stage``, that stage's
+    and its check's) whose container was not followed yet, once it started; None when the
+    pod ended (or is gone) with none left to start."""
+    while True:
+        try:
+            raw = await client.get(path_of(plural="pods", namespace=namespace, name=name))
+        except ApiError as exc:
+            if exc.not_found:
+                return None, raw
+            raise
+        left = [
+            p
+            for p in pods.parts(raw)
+            if (not stage or p.stage == stage) and log_container(p, [raw]) not in followed
+        ]
+        if not left:
+            return None, raw
+        if left[0].phase != "Pending":
+            return left[0], raw
+        if (raw.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            return None, raw
+        await asyncio.sleep(NEXT_PART_POLL_S)
+
+
 async def logs(
     client: Kube,
     name: str,
@@ -352,14 +388,25 @@ async def logs(
             output.say(log_header(pod) + (" (following)" if len(live) == 1 else ""))
 
         async def one(pod: pods.PodView) -> None:
+            prefix = f"[{pod.name}] " if len(live) > 1 else ""
             path = path_of(plural="pods", namespace=namespace, name=pod.name, subresource="log")
-            query = log_query(log_container(pod, listed["items"]), tail, follow=True)
-            try:
-                await _follow(client, path, query, f"[{pod.name}] " if len(live) > 1 else "")
-            except ApiError as exc:
-                container = log_container(pod, listed["items"])
-                unfetched.append(f"{pod.name} ({container})")
-                output.say(_unfetched(pod.name, container, namespace, exc), err=True)
+            part: pods.PodView | None = pod
+            raw = next(p for p in listed["items"] if p["metadata"]["name"] == pod.name)
+            followed: set[str] = set()
+            while part is not None:
+                container = log_container(part, [raw])
+                if followed:
+                    output.say(prefix + log_header(part))
+                followed.add(container)
+                try:
+                    await _follow(client, path, log_query(container, tail, follow=True), prefix)
+                except ApiError as exc:
+                    unfetched.append(f"{pod.name} ({container})")
+                    output.say(_unfetched(pod.name, container, namespace, exc), err=True)
+                    return
+                # The pod's next container (its stage's check, the next stage) starts once
+                # this one exited 0: it is followed too, until the pod has nothing left to run.
+                part, raw = await _next_part(client, namespace, pod.name, followed, stage, raw)
 
         await asyncio.gather(*(one(p) for p in live))
     if unfetched:

@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,10 @@ def _logs(node: RealNode, cr: str, package: str, version: str, mode: str) -> str
     """Everything the agent logged for ``mode`` on the host (its step log files)."""
     root = _host(node, f"/var/log/nodewright/{cr}/{package}/{version}/{mode}")
     return "".join(p.read_text() for p in sorted(root.rglob("*.log"))) if root.is_dir() else ""
+
+
+def _exists(path: Path) -> bool:
+    return path.exists()
 
 
 def _running(pid: int) -> bool:
@@ -593,3 +598,60 @@ async def test_a_stage_past_its_timeout_fails_and_its_step_stops_on_the_host(
         return not _running(pid)
 
     await eventually(stopped, timeout_s=30, interval_s=0.5, what="the hung step to be stopped")
+
+
+async def test_package_logs_follow_prints_a_running_step_as_it_writes_then_its_check(
+    rig: Rig, cluster: Kube, services: Services, real_node: RealNode, tmp_path: Path
+) -> None:
+    """``nodewright package logs -f`` on a real kubelet: the step's lines arrive while it
+    still runs, then its check's (the next container of the same pod), and the command ends
+    by itself once the pod has."""
+    kapi, node = cluster, real_node.name
+    stages = {
+        "apply": {
+            "steps": [{"name": "tick", "path": "tick.sh"}],
+            "check": [{"name": "ok", "path": "ok.sh"}],
+        }
+    }
+    tick = (
+        '#!/bin/sh\ni=1\nwhile [ $i -le 6 ]; do echo "tick $i"; sleep 1; i=$((i+1)); done\n'
+        "touch /etc/ticked\n"
+    )
+    steps = {"tick.sh": tick, "ok.sh": "#!/bin/sh\necho 'checked the ticks'\n"}
+    pkg = _package(tmp_path, "ticker", "1.0.0", stages=stages, steps=steps)
+    await _load(real_node, pkg, "registry.example/ticker:1.0.0", tmp_path)
+    await asyncio.to_thread(services.fleet.start_all)
+    await manifests.apply(
+        kapi, _cr("ticker", {"ticker": {"version": "1.0.0", "image": "registry.example/ticker"}})
+    )
+    ticked = _host(real_node, "/etc/ticked")
+
+    async def running() -> bool:
+        listed = await kapi.get(path_of(plural="pods", namespace=services.namespace))
+        return any(
+            s.get("name") == "apply" and "running" in (s.get("state") or {})
+            for p in listed["items"]
+            for s in (p.get("status") or {}).get("initContainerStatuses") or ()
+        )
+
+    await eventually(running, timeout_s=120, interval_s=0.2, what="the step to run")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "nodewright.cli", "package", "logs", "ticker", "--node", node,
+        "-f", "-n", services.namespace, "--kubeconfig", str(rig.endpoints.kubeconfig),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        first = await asyncio.wait_for(proc.stdout.readline(), 30)
+        assert not _exists(ticked), "a line printed while the step still ran"
+        lines.append(first.decode())
+        rest, err = await asyncio.wait_for(proc.communicate(), 120)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    lines += rest.decode().splitlines(keepends=True)
+    text = "".join(lines)
+    assert proc.returncode == 0, err.decode()
+    assert [f"tick {i}" in text for i in range(1, 7)] == [True] * 6, text
+    assert "checked the ticks" in text, text
