@@ -284,3 +284,96 @@ async def test_pods_reach_the_api_server_through_the_kubernetes_service_and_logs
     assert rig.real.network is not None
     service = rig.real.network.kubernetes_service_ip
     assert f"via https://{service}:443 server v1.36" in logs.stdout
+
+
+async def test_a_real_drain_leaves_daemonset_pods_and_evicts_emptydir_pods_only_when_allowed(
+    rig: Rig, cluster: Kube, services: Services, real_node: RealNode
+) -> None:
+    """``spec.drain`` on pods the real controllers made: the DaemonSet controller's pod
+    stays through the whole rollout (``ignoreDaemonSets``, the default); a Deployment's pod
+    with an emptyDir volume blocks the drain, named, until ``deleteEmptyDirData`` lets it be
+    evicted (the kubelet then really stops it)."""
+    kapi, ns, node = cluster, services.namespace, real_node.name
+    pods_path = path_of(plural="pods", namespace=ns)
+    container: dict[str, Any] = {
+        "name": "c",
+        "image": PAUSE_IMAGE,
+        "imagePullPolicy": "IfNotPresent",
+    }
+    template = {
+        "nodeSelector": TARGET,
+        "terminationGracePeriodSeconds": 5,
+        "containers": [container],
+    }
+    await kapi.create(
+        path_of(group="apps", plural="daemonsets", namespace=ns),
+        {
+            "metadata": {"name": "agentd"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "agentd"}},
+                "template": {"metadata": {"labels": {"app": "agentd"}}, "spec": template},
+            },
+        },
+    )
+    scratch = {
+        **template,
+        "volumes": [{"name": "scratch", "emptyDir": {}}],
+        "containers": [
+            {
+                **container,
+                "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+            }
+        ],
+    }
+    await kapi.create(
+        path_of(group="apps", plural="deployments", namespace=ns),
+        {
+            "metadata": {"name": "cache"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "cache"}},
+                "template": {"metadata": {"labels": {"app": "cache"}}, "spec": scratch},
+            },
+        },
+    )
+
+    async def running(app: str) -> list[str]:
+        listed = await kapi.get(pods_path, labelSelector=f"app={app}")
+        return [
+            p["metadata"]["uid"]
+            for p in listed["items"]
+            if (p.get("status") or {}).get("phase") == "Running"
+            and not p["metadata"].get("deletionTimestamp")
+        ]
+
+    async def both_running() -> bool:
+        return len(await running("agentd")) == 1 and len(await running("cache")) == 1
+
+    await eventually(both_running, timeout_s=120, what="the DaemonSet and the cache to run")
+    (daemon,) = await running("agentd")
+    (cache,) = await running("cache")
+
+    await asyncio.to_thread(services.fleet.start_all)
+    await manifests.apply(kapi, _cr("scratch", _sysctl("1.0.0", SYSCTL_A)))
+
+    async def blocked() -> api.NodeDetail | Pending:
+        d = await _detail(kapi, "scratch", node)
+        if d is not None and d.reason == "EmptyDirData":
+            return d
+        return Pending(f"detail {d}")
+
+    detail = await eventually(blocked, timeout_s=90, what="the emptyDir pod to block the drain")
+    assert f"{ns}/cache-" in detail.message
+    assert await running("cache") == [cache], "nothing was evicted"
+
+    await kapi.patch(
+        f"{manifests.NODEWRIGHTS}/scratch", {"spec": {"drain": {"deleteEmptyDirData": True}}}
+    )
+    await _wait_ready(kapi, "scratch", "the rollout once emptyDir data may be lost")
+    assert await running("agentd") == [daemon], "the DaemonSet's pod ran through the rollout"
+
+    async def replaced() -> bool:
+        now = await running("cache")
+        return len(now) == 1 and now != [cache]
+
+    await eventually(replaced, timeout_s=120, what="the evicted cache pod to be replaced")
