@@ -2,9 +2,9 @@
 
 Valid means accepted by everything in front of the API: the CRD schema and CEL rules and the
 admission webhook (package and label-key syntax, configInterrupts matching configMap keys,
-acyclic dependsOn, known time zones). A referenced DeploymentPolicy must exist: pass the
-names that do as ``policies``. Other suites reuse these to drive the services with specs
-nobody hand-picked.
+acyclic dependsOn, none on a package being uninstalled from one that stays, known time
+zones). A referenced DeploymentPolicy must exist: pass the names that do as ``policies``.
+Other suites reuse these to drive the services with specs nobody hand-picked.
 """
 
 from __future__ import annotations
@@ -197,6 +197,14 @@ def packages(draw: st.DrawFn, name: str, earlier: dict[str, api.Package]) -> api
         )
     )
     requested = draw(st.booleans())
+    uninstall = draw(
+        st.none()
+        | st.just(api.Uninstall(enabled=True, requested=requested))
+        | st.just(api.Uninstall())
+    )
+    # A package being uninstalled is depended on only by packages being uninstalled too.
+    leaving = uninstall is not None and uninstall.requested
+    depends = [d for d in depends if leaving or not _leaving(earlier[d])]
     return api.Package(
         version=draw(versions),
         image=draw(images),
@@ -209,12 +217,12 @@ def packages(draw: st.DrawFn, name: str, earlier: dict[str, api.Package]) -> api
         resources=draw(st.none() | resources()),
         graceful_shutdown_seconds=draw(st.none() | st.integers(0, 3600)),
         stage_timeout_seconds=draw(st.none() | st.integers(1, 604800)),
-        uninstall=draw(
-            st.none()
-            | st.just(api.Uninstall(enabled=True, requested=requested))
-            | st.just(api.Uninstall())
-        ),
+        uninstall=uninstall,
     )
+
+
+def _leaving(pkg: api.Package) -> bool:
+    return pkg.uninstall is not None and pkg.uninstall.requested
 
 
 @st.composite
