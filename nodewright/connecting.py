@@ -16,6 +16,7 @@ the client is its own business.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -31,6 +32,10 @@ T = TypeVar("T")
 
 _IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 _TIMEOUT_S = 30.0
+CLOSE_DEADLINE_S = 5.0
+"""How long the client's connections get to close when a command ends. After ^C on a
+followed log, a TLS close the API server does not answer held the command: asyncio waits up
+to 30 s for one (once in a full test run, the command had not ended 30 s after ^C)."""
 """Per request: a server that does not answer in this long is reported, not waited for."""
 
 
@@ -181,6 +186,12 @@ def _no_answer(cause: BaseException) -> str:
     return str(text).lower() if text else type(cause).__name__
 
 
+async def closed(close: Awaitable[object], deadline_s: float) -> None:
+    """Await ``close`` for at most ``deadline_s``: the command's answer is already out."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(close, deadline_s)
+
+
 def run(target: Target, command: Callable[[Kube], Awaitable[T]]) -> T:
     """Run ``command`` with a client for ``target``; every failure becomes CommandError."""
     import aiohttp
@@ -199,8 +210,11 @@ def run(target: Target, command: Callable[[Kube], Awaitable[T]]) -> T:
 
         cfg = await configuration(files, target.context)
         server = str(cfg.host)
-        async with client.ApiClient(configuration=cfg) as api:
+        api = client.ApiClient(configuration=cfg)
+        try:
             return await command(Kube(ApiClientTransport(api)))
+        finally:
+            await closed(api.close(), CLOSE_DEADLINE_S)
 
     try:
         return asyncio.run(main())
