@@ -68,6 +68,18 @@ async def _detail(kapi: Kube, cr: str, node: str) -> api.NodeDetail | None:
     return next((d for d in obj.status.node_details if d.node == node), None)
 
 
+async def _reason(kapi: Kube, cr: str, node: str, code: str, what: str) -> api.NodeDetail:
+    """The node's detail in the NodeWright's status, once its reason is ``code``."""
+
+    async def says() -> api.NodeDetail | Pending:
+        d = await _detail(kapi, cr, node)
+        if d is not None and d.reason == code:
+            return d
+        return Pending(f"detail {d}")
+
+    return await eventually(says, timeout_s=90, what=what)
+
+
 async def test_a_real_drain_waits_for_protected_pods_respects_the_pdb_and_uncordons(
     rig: Rig, cluster: Kube, services: Services, real_node: RealNode
 ) -> None:
@@ -131,14 +143,8 @@ async def test_a_real_drain_waits_for_protected_pods_respects_the_pdb_and_uncord
         _cr("drain", _sysctl("1.0.0", SYSCTL_A), podNonInterruptLabels={"matchLabels": PROTECTED}),
     )
 
-    async def waiting_for_training() -> api.NodeDetail | Pending:
-        d = await _detail(kapi, "drain", node)
-        if d is not None and d.reason == "ProtectedPodRunning":
-            return d
-        return Pending(f"detail {d}")
-
-    detail = await eventually(
-        waiting_for_training, timeout_s=60, what="the node to wait for the training pod"
+    detail = await _reason(
+        kapi, "drain", node, "ProtectedPodRunning", "the node to wait for the training pod"
     )
     assert f"{ns}/training" in detail.message
     assert (await kapi.get(f"{NODES}/{node}"))["spec"].get("unschedulable") is True
@@ -152,14 +158,10 @@ async def test_a_real_drain_waits_for_protected_pods_respects_the_pdb_and_uncord
     done = await kubectl(rig, "exec", "-n", ns, "training", "--", *finish)
     assert done.returncode == 0, done.stderr
 
-    async def blocked_by_pdb() -> api.NodeDetail | Pending:
-        d = await _detail(kapi, "drain", node)
-        if d is not None and d.reason == "PodDisruptionBudgetBlocking":
-            return d
-        return Pending(f"detail {d}")
-
     # The training pod ends; then the eviction meets the PDB.
-    detail = await eventually(blocked_by_pdb, timeout_s=90, what="the PDB to block the drain")
+    detail = await _reason(
+        kapi, "drain", node, "PodDisruptionBudgetBlocking", "the PDB to block the drain"
+    )
     assert f"{ns}/guarded" in detail.message
     assert await _phase(kapi, ns, "training") == "Succeeded", "waited for, never evicted"
 
@@ -356,13 +358,9 @@ async def test_a_real_drain_leaves_daemonset_pods_and_evicts_emptydir_pods_only_
     await asyncio.to_thread(services.fleet.start_all)
     await manifests.apply(kapi, _cr("scratch", _sysctl("1.0.0", SYSCTL_A)))
 
-    async def blocked() -> api.NodeDetail | Pending:
-        d = await _detail(kapi, "scratch", node)
-        if d is not None and d.reason == "EmptyDirData":
-            return d
-        return Pending(f"detail {d}")
-
-    detail = await eventually(blocked, timeout_s=90, what="the emptyDir pod to block the drain")
+    detail = await _reason(
+        kapi, "scratch", node, "EmptyDirData", "the emptyDir pod to block the drain"
+    )
     assert f"{ns}/cache-" in detail.message
     assert await running("cache") == [cache], "nothing was evicted"
 

@@ -142,6 +142,34 @@ async def _load(node: RealNode, package_dir: Path, ref: str, tmp: Path) -> None:
     await asyncio.to_thread(node.import_archive, archive)
 
 
+OK_SH = "#!/bin/sh\nexit 0\n"
+
+
+async def _one_step(node: RealNode, tmp: Path, name: str, step: str, check: str = OK_SH) -> str:
+    """Package ``name`` 1.0.0, an apply stage of one step (the script ``step``) and its check,
+    built and loaded into ``node``'s containerd; its image (without the version)."""
+    stages = {
+        "apply": {
+            "steps": [{"name": name, "path": f"{name}.sh"}],
+            "check": [{"name": "ok", "path": "ok.sh"}],
+        }
+    }
+    pkg = _package(tmp, name, "1.0.0", stages=stages, steps={f"{name}.sh": step, "ok.sh": check})
+    await _load(node, pkg, f"registry.example/{name}:1.0.0", tmp)
+    return f"registry.example/{name}"
+
+
+async def _pid_written(node: RealNode, path: str, timeout_s: float) -> int:
+    """The process ID a step wrote to ``path`` on the host (``echo $$``), once it did."""
+    said = _host(node, path)
+
+    async def written() -> int | Pending:
+        text = said.read_text().strip() if said.exists() else ""
+        return int(text) if text else Pending("the step has not started")
+
+    return await eventually(written, timeout_s=timeout_s, interval_s=0.2, what="the step to start")
+
+
 async def test_the_example_package_installs_reconfigures_and_upgrades_for_real(
     rig: Rig, cluster: Kube, services: Services, real_node: RealNode, tmp_path: Path
 ) -> None:
@@ -345,37 +373,15 @@ async def test_steps_change_the_nodes_own_network_not_one_of_the_pods(
     the pod got for itself (the rig's host root fakes /proc/sys, so only the namespace the
     step ran in can tell)."""
     kapi = cluster
-    stages = {
-        "apply": {
-            "steps": [{"name": "where", "path": "where.sh"}],
-            "check": [{"name": "ok", "path": "ok.sh"}],
-        }
-    }
     # The step says who it is, then waits until the test has looked at it.
     where = (
         "#!/bin/sh\necho $$ > /etc/nw-step.pid\ni=0\n"
         "while [ ! -e /etc/nw-step.seen ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done\n"
     )
-    pkg = _package(
-        tmp_path,
-        "where",
-        "1.0.0",
-        stages=stages,
-        steps={"where.sh": where, "ok.sh": "#!/bin/sh\nexit 0\n"},
-    )
-    await _load(real_node, pkg, "registry.example/where:1.0.0", tmp_path)
+    image = await _one_step(real_node, tmp_path, "where", where)
     await asyncio.to_thread(services.fleet.start_all)
-    await manifests.apply(
-        kapi, _cr("where", {"where": {"version": "1.0.0", "image": "registry.example/where"}})
-    )
-
-    said = _host(real_node, "/etc/nw-step.pid")
-
-    async def step() -> int | Pending:
-        text = said.read_text().strip() if said.exists() else ""
-        return int(text) if text else Pending("the step has not started")
-
-    pid = await eventually(step, timeout_s=180, interval_s=0.2, what="the step to start")
+    await manifests.apply(kapi, _cr("where", {"where": {"version": "1.0.0", "image": image}}))
+    pid = await _pid_written(real_node, "/etc/nw-step.pid", timeout_s=180)
     try:
         command, step_net = _process(pid)
         assert b"where.sh" in command, "with hostPID, the step's $$ is its process here"
@@ -519,23 +525,14 @@ async def test_a_packages_env_reaches_its_steps_and_a_missing_secret_is_named(
     kubelet gives): the node fails naming the Secret once the grace is over; with the Secret
     made and the node retried, the step reads both variables."""
     kapi, node = cluster, real_node.name
-    stages = {
-        "apply": {
-            "steps": [{"name": "env", "path": "env.sh"}],
-            "check": [{"name": "ok", "path": "ok.sh"}],
-        }
-    }
     env_sh = '#!/bin/sh\nprintf \'%s|%s\\n\' "$GREETING" "$TOKEN" > /etc/envy.txt\n'
-    pkg = _package(
-        tmp_path, "envy", "1.0.0", stages=stages, steps={"env.sh": env_sh, "ok.sh": "#!/bin/sh\n"}
-    )
-    await _load(real_node, pkg, "registry.example/envy:1.0.0", tmp_path)
+    image = await _one_step(real_node, tmp_path, "envy", env_sh)
     services.fleet.extra_env["NODEWRIGHT_PODS_IMAGE_PULL_GRACE_S"] = "5"
     await asyncio.to_thread(services.fleet.start_all)
     secret_ref = {"secretKeyRef": {"name": "envy-secret", "key": "token"}}
     package = {
         "version": "1.0.0",
-        "image": "registry.example/envy",
+        "image": image,
         "env": [{"name": "GREETING", "value": "hello"}, {"name": "TOKEN", "valueFrom": secret_ref}],
     }
     await manifests.apply(kapi, _cr("envy", {"envy": package}))
@@ -562,33 +559,18 @@ async def test_a_stage_past_its_timeout_fails_and_its_step_stops_on_the_host(
     host's, with hostPID) is stopped with its pod, within gracefulShutdownSeconds, not left
     running after the failure."""
     kapi, node = cluster, real_node.name
-    stages = {
-        "apply": {
-            "steps": [{"name": "hang", "path": "hang.sh"}],
-            "check": [{"name": "ok", "path": "ok.sh"}],
-        }
-    }
     hang = "#!/bin/sh\necho $$ > /etc/hang.pid\nexec sleep 3600\n"
-    pkg = _package(
-        tmp_path, "hang", "1.0.0", stages=stages, steps={"hang.sh": hang, "ok.sh": "#!/bin/sh\n"}
-    )
-    await _load(real_node, pkg, "registry.example/hang:1.0.0", tmp_path)
+    image = await _one_step(real_node, tmp_path, "hang", hang)
     await asyncio.to_thread(services.fleet.start_all)
     package = {
         "version": "1.0.0",
-        "image": "registry.example/hang",
+        "image": image,
         "stageTimeoutSeconds": 10,
         "gracefulShutdownSeconds": 5,
     }
     await manifests.apply(kapi, _cr("hang", {"hang": package}))
 
-    said = _host(real_node, "/etc/hang.pid")
-
-    async def started() -> int | Pending:
-        text = said.read_text().strip() if said.exists() else ""
-        return int(text) if text else Pending("the step has not started")
-
-    pid = await eventually(started, timeout_s=120, interval_s=0.2, what="the step to start")
+    pid = await _pid_written(real_node, "/etc/hang.pid", timeout_s=120)
     assert b"sleep" in _process(pid)[0], "the step's own process, seen on the host"
     reason = await _failure(kapi, "hang", node, "hang")
     assert reason.code == "StageTimeout", reason
@@ -607,23 +589,15 @@ async def test_package_logs_follow_prints_a_running_step_as_it_writes_then_its_c
     still runs, then its check's (the next container of the same pod), and the command ends
     by itself once the pod has."""
     kapi, node = cluster, real_node.name
-    stages = {
-        "apply": {
-            "steps": [{"name": "tick", "path": "tick.sh"}],
-            "check": [{"name": "ok", "path": "ok.sh"}],
-        }
-    }
     tick = (
         '#!/bin/sh\ni=1\nwhile [ $i -le 6 ]; do echo "tick $i"; sleep 1; i=$((i+1)); done\n'
         "touch /etc/ticked\n"
     )
-    steps = {"tick.sh": tick, "ok.sh": "#!/bin/sh\necho 'checked the ticks'\n"}
-    pkg = _package(tmp_path, "ticker", "1.0.0", stages=stages, steps=steps)
-    await _load(real_node, pkg, "registry.example/ticker:1.0.0", tmp_path)
-    await asyncio.to_thread(services.fleet.start_all)
-    await manifests.apply(
-        kapi, _cr("ticker", {"ticker": {"version": "1.0.0", "image": "registry.example/ticker"}})
+    image = await _one_step(
+        real_node, tmp_path, "ticker", tick, check="#!/bin/sh\necho 'checked the ticks'\n"
     )
+    await asyncio.to_thread(services.fleet.start_all)
+    await manifests.apply(kapi, _cr("ticker", {"ticker": {"version": "1.0.0", "image": image}}))
     ticked = _host(real_node, "/etc/ticked")
 
     async def running() -> bool:
