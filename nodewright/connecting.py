@@ -32,11 +32,10 @@ T = TypeVar("T")
 
 _IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 _TIMEOUT_S = 30.0
-CLOSE_DEADLINE_S = 5.0
-"""How long the client's connections get to close when a command ends. After ^C on a
-followed log, a TLS close the API server does not answer held the command: asyncio waits up
-to 30 s for one (once in a full test run, the command had not ended 30 s after ^C)."""
 """Per request: a server that does not answer in this long is reported, not waited for."""
+CLOSE_DEADLINE_S = 5.0
+"""How long the client's connections get to close when a command ends (its answer is out, or
+^C): asyncio waits up to 30 s for a TLS close the server does not answer."""
 
 
 class CommandError(Exception):

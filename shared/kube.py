@@ -468,9 +468,7 @@ def _let_go(resp: aiohttp.ClientResponse) -> None:
     """Give back a streamed answer. One left before its end (^C on a followed log, a watch
     cancelled at a stop) has its connection dropped at once: a graceful TLS close waits for
     the server's close_notify, which a server still streaming may not send before asyncio's
-    SSL shutdown timeout (30 s), and closing the client session waits for that close. Once,
-    in a full test run, ``nodewright package logs -f`` had not ended 30 s after ^C, its loop
-    idle."""
+    SSL shutdown timeout (30 s), and closing the client session waits for that close."""
     if not resp.content.at_eof():
         conn = resp.connection
         transport = conn.transport if conn is not None else None

@@ -1,6 +1,6 @@
 """A command's connections get :data:`nodewright.connecting.CLOSE_DEADLINE_S` to close: a
 TLS close the API server does not answer (asyncio waits up to 30 s for one) must not hold
-the command after its answer, nor after ^C (the logs-follow test saw one hold it)."""
+the command after its answer, nor after ^C."""
 
 from __future__ import annotations
 

@@ -30,6 +30,7 @@ from nodewright.rig import Rig, free_port, pki
 from shared import pods, podspec, progress
 from shared.kube import Kube, path_of
 from tests.cli.conftest import Objects
+from tests.helpers.cli import interruptible
 from tests.helpers.waiting import eventually
 
 pytestmark = pytest.mark.timeout(180)
@@ -241,26 +242,27 @@ async def test_follow_prints_a_running_pods_log_lines_as_they_are_written(
             return (pod.get("status") or {}).get("phase") == "Running"
 
         await eventually(running, what="the pod running on the kubelet kwok's node")
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "nodewright.cli",
-            "package",
-            "logs",
-            "tuning",
-            "--node",
-            node,
-            "-n",
-            namespace,
-            "-f",
-            "--kubeconfig",
-            str(rig.endpoints.kubeconfig),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            # SIGABRT then prints where every thread is: what the command waits on, should
-            # it not end after ^C (once, in a full run, it had not ended 30 s after it).
-            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
-        )
+        with interruptible():  # ^C below must reach it as from a terminal
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "nodewright.cli",
+                "package",
+                "logs",
+                "tuning",
+                "--node",
+                node,
+                "-n",
+                namespace,
+                "-f",
+                "--kubeconfig",
+                str(rig.endpoints.kubeconfig),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                # SIGABRT then prints where every thread is, should the command not end
+                # after ^C.
+                env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+            )
         stdout, stderr = proc.stdout, proc.stderr
         assert stdout is not None
         assert stderr is not None
