@@ -53,6 +53,13 @@ class CompartmentLine:
     batch_size: int
     stopped: bool
 
+    @property
+    def done(self) -> bool:
+        """Every node of it complete, no batch in flight. Its batch state may have started
+        over by then (``resetBatchStateOnCompletion``: batch 1, empty), which says nothing of
+        the rollout just finished."""
+        return self.matched > 0 and self.complete == self.matched and not self.batch_size
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -229,7 +236,9 @@ def duration(seconds: float | None) -> str:
 def summary(snap: Snapshot, left: float | None) -> str:
     """One line: what a log or a pipe gets whenever it changes."""
     batches = ", ".join(
-        f"{c.name} batch {c.batch}"
+        f"{c.name} done"
+        if c.done
+        else f"{c.name} batch {c.batch}"
         + (f" ({c.batch_size} in flight)" if c.batch_size else "")
         + (" STOPPED" if c.stopped else "")
         for c in snap.compartments
@@ -276,11 +285,13 @@ def panel(snap: Snapshot, left: float | None, elapsed_s: float) -> Any:
         comps.add_row(
             c.name,
             str(c.budget),
-            str(c.batch),
+            "-" if c.done else str(c.batch),
             str(c.batch_size),
             f"{c.complete}/{c.matched}",
             str(c.failed),
-            "stopped" if c.stopped else ("rolling" if c.batch_size else "between batches"),
+            "stopped"
+            if c.stopped
+            else ("rolling" if c.batch_size else "done" if c.done else "between batches"),
         )
     nodes = Table(box=None, pad_edge=False, header_style="bold")
     for h in ("BATCH", "NODE", "STAGE", "PHASE"):

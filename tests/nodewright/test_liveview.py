@@ -173,6 +173,26 @@ def test_the_time_left_is_the_mean_batch_times_the_batches_left() -> None:
     assert liveview.duration(None) == "estimating"
 
 
+def test_a_compartment_whose_nodes_all_completed_is_done_not_back_at_batch_one() -> None:
+    """The sandbox printed "__default__ batch 1" on the line saying the NodeWright was
+    Ready: its batch state had started over (resetBatchStateOnCompletion)."""
+    finished = api.CompartmentStatus(
+        name="__default__", matched_nodes=5, budget_nodes=2, complete_nodes=5
+    )
+    between = api.CompartmentStatus(
+        name="cpu", matched_nodes=5, budget_nodes=2, complete_nodes=2,
+        batch=api.BatchState(current_batch=2),
+    )  # fmt: skip
+    snap = liveview.snapshot(_cr(compartments=[finished, between]), _nodes())
+    line = liveview.lines(snap, 0.0)[0]
+    assert "| __default__ done, cpu batch 2 |" in line, line
+    out = io.StringIO()
+    Console(file=out, width=160, color_system=None).print(liveview.panel(snap, 0.0, 12.0))
+    rows = [r.split() for r in out.getvalue().splitlines()]
+    assert ["__default__", "2", "-", "0", "5/5", "0", "done"] in rows, rows
+    assert ["cpu", "2", "2", "0", "2/5", "0", "between", "batches"] in rows, rows
+
+
 def test_the_live_panel_renders_with_rich() -> None:
     snap = liveview.snapshot(_cr(compartments=[_compartment(2, 2, 1)]), _nodes())
     out = io.StringIO()
