@@ -342,6 +342,33 @@ class Rig:
             "ready again (/readyz)",
         )
 
+    def start_node_lifecycle(self, *, grace_s: int = 20) -> Process:
+        """A controller-manager running only the node lifecycle and taint eviction
+        controllers, named "node-lifecycle" (the rig's own runs neither: kwok's nodes send
+        no heartbeats unless told to). A node whose kubelet stops reporting for ``grace_s``
+        is then marked NotReady (Unknown) and tainted unreachable (NoSchedule, NoExecute),
+        as in a cluster, and untainted once it reports again. Stopped with the rig, or by
+        :meth:`stop_component`."""
+        port = free_port()
+        return self.run_component(
+            "node-lifecycle",
+            [
+                str(self.bin_dir / "kube-controller-manager"),
+                *self._component_args(port),
+                "--controllers=node-lifecycle-controller,taint-eviction-controller",
+                f"--node-monitor-grace-period={grace_s}s",
+                "--node-monitor-period=2s",
+            ],
+            lambda: self._http_ok(f"https://127.0.0.1:{port}/healthz", verify=False),
+            "healthy",
+        )
+
+    def stop_component(self, name: str) -> None:
+        """Stop a component started by :meth:`run_component` (or a start_* helper)."""
+        proc = self.processes.pop(name, None)
+        if proc is not None:
+            proc.stop()
+
     def run_component(
         self, name: str, argv: list[str], probe: Callable[[], bool], what: str
     ) -> Process:

@@ -784,15 +784,43 @@ class RealNode:
         subprocess.run(["rm", "-rf", str(self.host_root)], check=True)
         hostroot.prepare(self.host_root, base=base)
 
+    def power_off(self) -> str:
+        """The first half of a reboot, as far as a node can go down here: kubelet and
+        kube-proxy stop, every container and containerd are killed (nothing keeps running
+        on a rebooting machine), and the boot ID the node reports once back is set (as in
+        :meth:`simulate_reboot`). What a disk keeps stays: /var/lib (images, kubelet's pod
+        directories) and the host root; /run is not emptied (containerd recovers from the
+        state of its dead shims, as after a crash). The node's namespaces stay. Where a node
+        lifecycle controller runs (``Rig.start_node_lifecycle``), the node then goes
+        NotReady and is tainted unreachable. Returns the new boot ID."""
+        for role in ("kube-proxy", "kubelet"):
+            self.processes.pop(role).stop(timeout=10)
+        for hierarchy in CGROUP_ALL:
+            _remove_cgroup(CGROUP_ROOT / hierarchy / self.cgroup)
+        self.processes.pop("containerd").stop(timeout=5)
+        _kill_all(pid for pid in _netns_pids(self.netns) if pid != self.holder_pid)
+        return self._next_boot_id()
+
+    def power_on(self, spawn: Spawn) -> None:
+        """The second half: containerd, kubelet and kube-proxy start again, as at boot."""
+        self.make_cgroups()
+        self.start_containerd(spawn)
+        self.start_kubelet(spawn)
+        self.start_kube_proxy(spawn)
+
+    def _next_boot_id(self) -> str:
+        boot_id = str(uuid.uuid4())
+        path = self.work_dir / "boot_id"
+        path.write_text(boot_id + "\n")
+        run(self.enter("mount", "--bind", str(path), "/proc/sys/kernel/random/boot_id"))
+        return boot_id
+
     def simulate_reboot(self, spawn: Spawn) -> str:
         """What a reboot changes that NodeWright observes: the node's boot ID. A new ID is
         bind-mounted over the kernel's in the node's mount namespace and kubelet restarted
         to report it; pods' containers see the real kernel's (a real reboot is impossible
         here: the agent would reboot this machine). Returns the new boot ID."""
-        boot_id = str(uuid.uuid4())
-        path = self.work_dir / "boot_id"
-        path.write_text(boot_id + "\n")
-        run(self.enter("mount", "--bind", str(path), "/proc/sys/kernel/random/boot_id"))
+        boot_id = self._next_boot_id()
         self.processes.pop("kubelet").stop(timeout=10)
         self.start_kubelet(spawn)
         return boot_id

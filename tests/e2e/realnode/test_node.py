@@ -375,3 +375,84 @@ async def test_a_real_drain_leaves_daemonset_pods_and_evicts_emptydir_pods_only_
         return len(now) == 1 and now != [cache]
 
     await eventually(replaced, timeout_s=120, what="the evicted cache pod to be replaced")
+
+
+async def test_a_reboot_that_takes_the_node_away_holds_its_slot_and_completes_once_it_is_back(
+    rig: Rig, cluster: Kube, services: Services, real_node: RealNode, tmp_path: Any
+) -> None:
+    """A reboot as a cluster sees one: the node goes away (kubelet, containerd and every
+    container stop: ``RealNode.power_off``) long enough for the node lifecycle controller to
+    mark it NotReady and taint it unreachable, NoExecute. Meanwhile the node says Rebooting,
+    nothing fails and it keeps its place in the budget; once it is back with a new boot ID,
+    its post-interrupt stage runs there and the rollout completes, the node uncordoned.
+    The interrupt's pod dies with the machine: the reboot is judged by the boot ID alone."""
+    kapi, node = cluster, real_node.name
+    ok = "#!/bin/sh\nexit 0\n"
+    stages = {
+        "apply": {
+            "steps": [{"name": "s", "path": "ok.sh"}],
+            "check": [{"name": "c", "path": "ok.sh"}],
+        },
+        # Runs after the reboot: a pod on the node that was just NotReady and tainted.
+        "post-interrupt": {
+            "steps": [{"name": "after", "path": "after.sh"}],
+            "check": [{"name": "c", "path": "ok.sh"}],
+        },
+    }
+    after = "#!/bin/sh\necho ran > /var/tmp/after-reboot\n"
+    pkg = _package(tmp_path, "rb", "1.0.0", stages=stages, steps={"ok.sh": ok, "after.sh": after})
+    await _load(real_node, pkg, "registry.example/rb:1.0.0", tmp_path)
+    # A machine goes down under a reboot before the command returns: the interrupt's pod
+    # never reports an exit, and dies with everything else (power_off).
+    reboot = _host(real_node, "/usr/local/sbin/reboot")
+    reboot.write_text(reboot.read_text() + "exec sleep 600\n")
+    await asyncio.to_thread(rig.start_node_lifecycle, grace_s=20)
+    try:
+        await asyncio.to_thread(services.fleet.start_all)
+        calls = _host(real_node, "/var/tmp/nodewright-test-calls")
+        rb = {
+            "rb": {
+                "version": "1.0.0",
+                "image": "registry.example/rb",
+                "interrupt": {"type": "reboot"},
+            }
+        }
+        await manifests.apply(kapi, _cr("rb", rb))
+
+        async def reboot_called() -> bool:
+            return any("reboot" in p.read_text() for p in calls.glob("*.log"))
+
+        await eventually(reboot_called, timeout_s=180, what="the agent to call reboot on the host")
+        new_boot = await asyncio.to_thread(real_node.power_off)
+
+        async def away() -> dict[str, Any] | Pending:
+            raw = await kapi.get(f"{NODES}/{node}")
+            ready = next(c for c in raw["status"]["conditions"] if c["type"] == "Ready")
+            taints = {(t["key"], t["effect"]) for t in raw["spec"].get("taints") or []}
+            if ready["status"] == "Unknown" and (
+                ("node.kubernetes.io/unreachable", "NoExecute") in taints
+            ):
+                return raw
+            return Pending(f"Ready={ready['status']}, taints {sorted(taints)}")
+
+        await eventually(away, timeout_s=90, what="the node lifecycle controller to see it gone")
+        await _reason(kapi, "rb", node, "Rebooting", "the node to say it reboots")
+        await asyncio.sleep(10)  # a while away, as a machine takes to boot
+        cr = await read_cr(kapi, "rb")
+        detail = await _detail(kapi, "rb", node)
+        assert detail is not None
+        assert detail.reason == "Rebooting", detail
+        assert cr.status.node_counts.failed == 0, cr.status.node_counts
+        assert cr.status.node_counts.in_progress == 1, "it keeps its place in the budget"
+        assert not (_host(real_node, "/var/tmp/after-reboot")).exists(), "not before it is back"
+
+        await asyncio.to_thread(real_node.power_on, rig._spawn)
+        await _wait_ready(kapi, "rb", "the rollout once the node is back", timeout_s=300)
+        assert _host(real_node, "/var/tmp/after-reboot").read_text() == "ran\n", "post-interrupt"
+        raw = await kapi.get(f"{NODES}/{node}")
+        assert raw["status"]["nodeInfo"]["bootID"] == new_boot
+        assert not raw["spec"].get("unschedulable"), "uncordoned"
+        keys = {t["key"] for t in raw["spec"].get("taints") or []}
+        assert "node.kubernetes.io/unreachable" not in keys, keys
+    finally:
+        rig.stop_component("node-lifecycle")
