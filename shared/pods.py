@@ -44,6 +44,9 @@ ANN_ATTEMPT = f"{DOMAIN}/attempt"
 ANN_CYCLE = f"{DOMAIN}/cycle"
 """The cycle a stage pod belongs to (``PackageRecord.cycle_started``), or the
 interrupt's start: part of the pod's name, so a later cycle never reuses one."""
+ANN_SPEC = f"{DOMAIN}/package-spec"
+"""What a stage pod runs of its package (``shared.progress.pod_digest``): a stage running
+in a pod of another spec is stopped and starts over. Absent on pods of earlier versions."""
 ANN_STAGES = f"{DOMAIN}/stages"
 """The stages a stage pod runs, in order, comma-separated (``apply,config``): one container
 per stage and one per check (:func:`stage_container`, :func:`check_container`). Absent on
@@ -153,6 +156,8 @@ class PodView:
     """When the part's container exited (a part of :func:`parts`), if it did."""
     container: str = ""
     """The container whose log is this part's (:func:`parts`); "" for a whole pod."""
+    spec: str = ""
+    """What the pod runs of its package (:data:`ANN_SPEC`); "" when it does not say."""
     then: str = ""
     """The stage the same pod runs after this part's stage and its check ("" when none):
     a check that passed with a stage after it in its pod is not written, the next stage
@@ -410,6 +415,7 @@ def _view(pod: Mapping[str, Any], statuses: list[Any]) -> PodView:
         message=message,
         image=image,
         image_volume=image_volume,
+        spec=str(ann.get(ANN_SPEC) or ""),
         cycle=str(ann.get(ANN_CYCLE) or ""),
     )
 

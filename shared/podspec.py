@@ -283,6 +283,8 @@ def manifest(
         annotations[pods.ANN_CYCLE] = req.cycle
     if req.role == "stage":
         annotations[pods.ANN_STAGES] = ",".join(req.segment)
+        if req.desired is not None:
+            annotations[pods.ANN_SPEC] = req.desired.pod_digest
     if node_metadata is not None:
         annotations[nodemetadata.ANNOTATION] = node_metadata
     if settings.simulate:

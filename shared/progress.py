@@ -56,6 +56,10 @@ class Desired:
     """Identifies everything of the package's spec a stage pod runs with (image, digest,
     configuration, environment, resources, timeouts ...): a stage that failed with another
     spec starts over by itself (``PackageRecord.spec``)."""
+    pod_digest: str = ""
+    """Identifies what a stage pod of the package runs (:func:`pod_digest`), carried by the
+    pod (``shared.pods.ANN_SPEC``): a stage still running in a pod of another one is
+    stopped and starts over with this one."""
 
 
 def _digest(*parts: object) -> str:
@@ -133,8 +137,18 @@ def _desired(cr: api.NodeWright) -> dict[str, Desired]:
             uninstall_requested=gone or bool(pkg.uninstall and pkg.uninstall.requested),
             spec=pkg,
             spec_digest=spec_digest(pkg),
+            pod_digest=pod_digest(pkg),
         )
     return out
+
+
+def pod_digest(pkg: api.Package) -> str:
+    """Identifies what a stage pod of ``pkg`` runs: its image (and digest), environment and
+    resources. Not its configuration (a changed one gets a config cycle of its own after the
+    running stage), nor timeouts, interrupts or dependencies (they decide around the pod)."""
+    return _digest(
+        pkg.image, pkg.digest, msgspec.to_builtins(pkg.env), msgspec.to_builtins(pkg.resources)
+    )
 
 
 def spec_digest(pkg: api.Package) -> str:

@@ -603,6 +603,16 @@ def _packages(
             continue
         if r.state == "running":
             pod = pods_by.get(_key(r, name))
+            if pod is not None and pod.spec and pod.spec != d.pod_digest and may_start:
+                # The package's image, environment or resources changed under its running
+                # stage (a fixed image for a step that hangs, say): the pod runs what was
+                # replaced. It goes (not kept: deleted, its steps with it) and the stage
+                # starts over as a new attempt, rather than finish, or hang until its
+                # timeout, on the old one.
+                again = _again(r, w.now, spec=d.spec_digest)
+                w.packages[name] = again
+                _request_stage(w, d, again)
+                continue
             if pod is None and may_start:
                 if _pod_missing_too_long(w, d, r):
                     w.packages[name] = _failed(w, d, r, _no_pod(w, d, r))

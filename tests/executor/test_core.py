@@ -303,6 +303,42 @@ def test_a_stage_running_past_its_timeout_fails_and_its_pod_is_deleted() -> None
     assert d3.delete == (req.name,)
 
 
+def test_a_stage_running_in_a_pod_of_a_replaced_image_starts_over_with_the_new_one() -> None:
+    """A step hangs, and the package's image is fixed under the same version: the running
+    pod is stopped and the stage starts over as attempt 2 with the fixed image, instead of
+    hanging until its timeout. Only what the pod runs counts (image, env, resources)."""
+    pkg = {"version": "0.9.0", "image": "registry.example/tuned"}
+    cr = nodewright(packages={"nvidia-tuned": pkg})
+    d1 = core.decide(cr=cr, node=_facts(), node_pods=[], now=T0)
+    (req,) = d1.create
+    assert req.desired is not None
+    running = _pod(req, "Running", spec=req.desired.pod_digest)
+    later = T0 + timedelta(seconds=30)
+
+    def after(cr: Any, pod: PodView) -> core.Decision:
+        return core.decide(cr=cr, node=_facts(_rec(d1)), node_pods=[pod], now=later)
+
+    unchanged = after(cr, running)
+    assert (unchanged.create, unchanged.delete) == ((), ())
+    config_only = after(
+        nodewright(packages={"nvidia-tuned": {**pkg, "configMap": {"a": "1"}}}), running
+    )
+    assert (config_only.create, config_only.delete) == ((), ()), "a config cycle follows instead"
+
+    fixed = nodewright(packages={"nvidia-tuned": {**pkg, "image": "registry.example/tuned-fixed"}})
+    d2 = after(fixed, running)
+    assert d2.delete == (req.name,), "the pod of the old image goes, its steps with it"
+    (new,) = d2.create
+    assert (new.stage, new.attempt, new.image) == ("apply", 2, "registry.example/tuned-fixed:0.9.0")
+    assert new.name != req.name
+    rec = _rec(d2).packages["nvidia-tuned"]
+    assert (rec.state, rec.attempt, rec.reason) == ("running", 2, None)
+    with_env = nodewright(packages={"nvidia-tuned": {**pkg, "env": [{"name": "A", "value": "1"}]}})
+    assert after(with_env, running).delete == (req.name,)
+    # A pod that does not say what it runs (made before pods said so) is left to finish.
+    assert after(fixed, _pod(req, "Running")).delete == ()
+
+
 def test_a_stage_whose_pod_never_appears_fails_at_its_timeout_with_a_reason() -> None:
     """Never stuck silently: the API server refused every create (a quota, an admission
     policy on privileged pods). Until the timeout the pod is asked for again; then the stage

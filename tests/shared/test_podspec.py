@@ -483,3 +483,22 @@ def test_a_failed_pull_names_the_image_the_runtime_could_not_pull(message: str, 
     assert reason is not None
     assert reason.details["image"] == named
     assert reason.message.startswith(f"cannot pull image {named}: ErrImagePull")
+
+
+def test_a_stage_pod_says_what_it_runs_of_its_package_and_its_view_reads_it() -> None:
+    """The executor stops a stage running in a pod of a replaced image, env or resources
+    (services/executor/core.py): the pod carries what it runs; a configuration change alone
+    does not change it (a config cycle follows)."""
+    pod = _stage_pod(podspec.PodSettings(namespace="nw", agent_image=AGENT))
+    (d,) = progress.desired(nodewright()).values()
+    assert pod["metadata"]["annotations"][pods.ANN_SPEC] == d.pod_digest != ""
+    pod.setdefault("status", {})
+    assert pods.view(pod).spec == d.pod_digest
+    base = {"version": "0.9.0", "image": "registry.example/tuned"}
+
+    def digest(**changes: Any) -> str:
+        (one,) = progress.desired(nodewright(packages={"p": {**base, **changes}})).values()
+        return one.pod_digest
+
+    assert digest() == digest(configMap={"a": "1"}) == digest(timeoutSeconds=60)
+    assert len({digest(), digest(image="other"), digest(env=[{"name": "A", "value": "1"}])}) == 3

@@ -582,6 +582,44 @@ async def test_a_stage_past_its_timeout_fails_and_its_step_stops_on_the_host(
     await eventually(stopped, timeout_s=30, interval_s=0.5, what="the hung step to be stopped")
 
 
+async def test_a_hung_stage_starts_over_at_once_when_its_image_is_fixed(
+    rig: Rig, cluster: Kube, services: Services, real_node: RealNode, tmp_path: Path
+) -> None:
+    """A step hangs (the package's bug). Its fix is pushed as a new image of the same version
+    and the CR's image changed to it: the hung step is stopped on the host and the stage runs
+    again with the fixed image at once, not after its timeout (the default hour)."""
+    kapi, node = cluster, real_node.name
+    hang = "#!/bin/sh\necho $$ > /etc/stuck.pid\nexec sleep 3600\n"
+    image = await _one_step(real_node, tmp_path, "stuck", hang)
+    fixed = tmp_path / "fixed"
+    stages = {
+        "apply": {
+            "steps": [{"name": "stuck", "path": "stuck.sh"}],
+            "check": [{"name": "ok", "path": "ok.sh"}],
+        }
+    }
+    step = "#!/bin/sh\necho fixed > /etc/stuck.fixed\n"
+    pkg = _package(fixed, "stuck", "1.0.0", stages=stages, steps={"stuck.sh": step, "ok.sh": OK_SH})
+    await _load(real_node, pkg, "registry.example/stuck-fixed:1.0.0", fixed)
+    await asyncio.to_thread(services.fleet.start_all)
+    package = {"version": "1.0.0", "image": image, "gracefulShutdownSeconds": 5}
+    await manifests.apply(kapi, _cr("stuck", {"stuck": package}))
+    pid = await _pid_written(real_node, "/etc/stuck.pid", timeout_s=120)
+    assert b"sleep" in _process(pid)[0], "the step's own process, seen on the host"
+
+    fix = {"packages": {"stuck": {"image": "registry.example/stuck-fixed"}}}
+    await kapi.patch(f"{manifests.NODEWRIGHTS}/stuck", {"spec": fix})
+
+    async def stopped() -> bool:
+        return not _running(pid)
+
+    await eventually(stopped, timeout_s=60, interval_s=0.5, what="the hung step to be stopped")
+    await _wait_ready(kapi, "stuck", "the stage run again with the fixed image")
+    assert _host(real_node, "/etc/stuck.fixed").read_text() == "fixed\n"
+    rec = (await _executor(kapi, node, "stuck")).packages["stuck"]
+    assert (rec.installed, rec.attempt, rec.reason) == ("1.0.0", 2, None)
+
+
 async def test_package_logs_follow_prints_a_running_step_as_it_writes_then_its_check(
     rig: Rig, cluster: Kube, services: Services, real_node: RealNode, tmp_path: Path
 ) -> None:
