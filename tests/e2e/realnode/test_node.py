@@ -80,6 +80,19 @@ async def _reason(kapi: Kube, cr: str, node: str, code: str, what: str) -> api.N
     return await eventually(says, timeout_s=90, what=what)
 
 
+def _recorded(node: RealNode) -> str:
+    """What the host root's reboot and systemctl stand-ins recorded (``hostroot.CALLS_DIR``)."""
+    calls = _host(node, "/var/tmp/nodewright-test-calls")
+    return "".join(p.read_text() for p in calls.glob("*.log"))
+
+
+async def _reboot_called(node: RealNode) -> None:
+    async def called() -> bool:
+        return "reboot" in _recorded(node)
+
+    await eventually(called, timeout_s=180, what="the agent to call reboot on the host")
+
+
 async def test_a_real_drain_waits_for_protected_pods_respects_the_pdb_and_uncordons(
     rig: Rig, cluster: Kube, services: Services, real_node: RealNode
 ) -> None:
@@ -201,7 +214,6 @@ async def test_interrupts_run_the_hosts_commands_and_a_reboot_counts_when_the_bo
         )
         await _load(real_node, pkg, f"registry.example/{name}:1.0.0", tmp_path)
     await asyncio.to_thread(services.fleet.start_all)
-    calls = _host(real_node, "/var/tmp/nodewright-test-calls")
 
     svc = {
         "svc": {
@@ -212,8 +224,7 @@ async def test_interrupts_run_the_hosts_commands_and_a_reboot_counts_when_the_bo
     }
     await manifests.apply(kapi, _cr("svc", svc))
     await _wait_ready(kapi, "svc", "the service-restart interrupt")
-    recorded = "".join(p.read_text() for p in calls.glob("*.log"))
-    assert "systemctl restart containerd" in recorded
+    assert "systemctl restart containerd" in _recorded(real_node)
 
     boot_before = (await kapi.get(f"{NODES}/{node}"))["status"]["nodeInfo"]["bootID"]
     rb = {
@@ -223,10 +234,7 @@ async def test_interrupts_run_the_hosts_commands_and_a_reboot_counts_when_the_bo
     # reboot must not count as one "outside NodeWright" (the packages would run again).
     await manifests.apply(kapi, _cr("rb", rb, reapplyOnReboot=True))
 
-    async def reboot_called() -> bool:
-        return any("reboot" in p.read_text() for p in calls.glob("*.log"))
-
-    await eventually(reboot_called, timeout_s=180, what="the agent to call reboot on the host")
+    await _reboot_called(real_node)
     await asyncio.sleep(0)  # the interrupt pod has exited 0, but nothing rebooted:
     raw = await kapi.get(f"{NODES}/{node}")
     cr = await read_cr(kapi, "rb")
@@ -409,7 +417,6 @@ async def test_a_reboot_that_takes_the_node_away_holds_its_slot_and_completes_on
     await asyncio.to_thread(rig.start_node_lifecycle, grace_s=20)
     try:
         await asyncio.to_thread(services.fleet.start_all)
-        calls = _host(real_node, "/var/tmp/nodewright-test-calls")
         rb = {
             "rb": {
                 "version": "1.0.0",
@@ -419,10 +426,7 @@ async def test_a_reboot_that_takes_the_node_away_holds_its_slot_and_completes_on
         }
         await manifests.apply(kapi, _cr("rb", rb))
 
-        async def reboot_called() -> bool:
-            return any("reboot" in p.read_text() for p in calls.glob("*.log"))
-
-        await eventually(reboot_called, timeout_s=180, what="the agent to call reboot on the host")
+        await _reboot_called(real_node)
         new_boot = await asyncio.to_thread(real_node.power_off)
 
         async def away() -> dict[str, Any] | Pending:

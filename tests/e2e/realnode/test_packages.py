@@ -145,9 +145,12 @@ async def _load(node: RealNode, package_dir: Path, ref: str, tmp: Path) -> None:
 OK_SH = "#!/bin/sh\nexit 0\n"
 
 
-async def _one_step(node: RealNode, tmp: Path, name: str, step: str, check: str = OK_SH) -> str:
+async def _one_step(
+    node: RealNode, tmp: Path, name: str, step: str, check: str = OK_SH, *, image: str = ""
+) -> str:
     """Package ``name`` 1.0.0, an apply stage of one step (the script ``step``) and its check,
-    built and loaded into ``node``'s containerd; its image (without the version)."""
+    built and loaded into ``node``'s containerd as ``registry.example/<image or name>``; that
+    image (without the version)."""
     stages = {
         "apply": {
             "steps": [{"name": name, "path": f"{name}.sh"}],
@@ -155,8 +158,9 @@ async def _one_step(node: RealNode, tmp: Path, name: str, step: str, check: str 
         }
     }
     pkg = _package(tmp, name, "1.0.0", stages=stages, steps={f"{name}.sh": step, "ok.sh": check})
-    await _load(node, pkg, f"registry.example/{name}:1.0.0", tmp)
-    return f"registry.example/{name}"
+    ref = f"registry.example/{image or name}"
+    await _load(node, pkg, f"{ref}:1.0.0", tmp)
+    return ref
 
 
 async def _pid_written(node: RealNode, path: str, timeout_s: float) -> int:
@@ -591,23 +595,15 @@ async def test_a_hung_stage_starts_over_at_once_when_its_image_is_fixed(
     kapi, node = cluster, real_node.name
     hang = "#!/bin/sh\necho $$ > /etc/stuck.pid\nexec sleep 3600\n"
     image = await _one_step(real_node, tmp_path, "stuck", hang)
-    fixed = tmp_path / "fixed"
-    stages = {
-        "apply": {
-            "steps": [{"name": "stuck", "path": "stuck.sh"}],
-            "check": [{"name": "ok", "path": "ok.sh"}],
-        }
-    }
     step = "#!/bin/sh\necho fixed > /etc/stuck.fixed\n"
-    pkg = _package(fixed, "stuck", "1.0.0", stages=stages, steps={"stuck.sh": step, "ok.sh": OK_SH})
-    await _load(real_node, pkg, "registry.example/stuck-fixed:1.0.0", fixed)
+    fixed = await _one_step(real_node, tmp_path / "fixed", "stuck", step, image="stuck-fixed")
     await asyncio.to_thread(services.fleet.start_all)
     package = {"version": "1.0.0", "image": image, "gracefulShutdownSeconds": 5}
     await manifests.apply(kapi, _cr("stuck", {"stuck": package}))
     pid = await _pid_written(real_node, "/etc/stuck.pid", timeout_s=120)
     assert b"sleep" in _process(pid)[0], "the step's own process, seen on the host"
 
-    fix = {"packages": {"stuck": {"image": "registry.example/stuck-fixed"}}}
+    fix = {"packages": {"stuck": {"image": fixed}}}
     await kapi.patch(f"{manifests.NODEWRIGHTS}/stuck", {"spec": fix})
 
     async def stopped() -> bool:
