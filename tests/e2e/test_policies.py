@@ -9,8 +9,9 @@ waitingReason and a CompartmentWaiting Event), three compartments
 others, nodes several compartments select admitted into the safest one (strategy, then
 budget, then name) and counted there in status, priority with ``sequencing: node`` (the
 later NodeWright follows node by node) and ``sequencing: all`` (it waits until the earlier
-one is done everywhere) with ``WaitingForPriority`` in status, and pause (nothing starts,
-status Paused) then unpause."""
+one is done everywhere) with ``WaitingForPriority`` in status, pause (nothing starts,
+status Paused) then unpause, and a budget lowered mid-rollout (the open batch finishes, then
+one node at a time)."""
 
 from __future__ import annotations
 
@@ -703,3 +704,51 @@ async def test_a_paused_nodewright_starts_nothing_until_it_is_unpaused(
     assert {n: (c, b) for n, (c, b, _) in log.seen.items()} == dict.fromkeys(
         names, ("__default__", 1)
     )
+
+
+async def test_a_budget_lowered_mid_rollout_lets_the_open_batch_finish_and_holds_after(
+    cluster: Kube, services: Services
+) -> None:
+    """Someone lowers the DeploymentPolicy's budget from 4 to 1 while a batch of 4 runs (a
+    job found that needs the capacity): the 4 nodes in flight finish, nothing new starts
+    while they do, and from then on one node at a time, as the status then says."""
+    kapi = cluster
+    names = await _nodes(kapi, [f"lo-{i}" for i in range(8)], nodepool="lo")
+    for name in names:
+        await kapi.patch(
+            f"{NODES}/{name}", {"metadata": {"annotations": {podspec.SIM_STAGE_DURATION: "2s"}}}
+        )
+    await manifests.apply(kapi, _policy("lo", {"default": {"budget": {"count": 4}}}))
+    log = BatchLog(kapi, "lo")
+    await asyncio.to_thread(services.fleet.start_all)
+    async with Sampler(log.probe) as before:
+        await manifests.apply(kapi, _cr("lo", pool="lo", policy="lo"))
+
+        async def batch_open() -> bool | Pending:
+            sels = await _selections(kapi, "lo")
+            return len(sels) == 4 or Pending(f"{len(sels)} admitted")
+
+        await eventually(batch_open, timeout_s=60, interval_s=0.2, what="a batch of 4")
+        await before.stop()
+    await kapi.patch(f"{manifests.POLICIES}/lo", {"spec": {"default": {"budget": {"count": 1}}}})
+    edited = datetime.now(UTC)
+    async with Sampler(log.probe) as after:
+        await eventually(
+            lambda: _all_done(kapi, "lo"), timeout_s=240, interval_s=1, what="the rollout"
+        )
+        await after.stop()
+    batches = log.batches()
+    assert len(batches[("__default__", 1)]) == 4, batches
+    later = {key: nodes_ for key, nodes_ in batches.items() if key[1] > 1}
+    assert later, batches
+    assert all(len(n) == 1 for n in later.values()), batches
+    assert sum(len(n) for n in later.values()) == 4
+    assert all(at > edited for c, b, at in log.seen.values() if b > 1)
+    # Measured from outside: the admitted count only fell while the first batch drained,
+    # then never went above 1.
+    samples = after.samples
+    drained = next(i for i, n in enumerate(samples) if n <= 1)
+    assert samples[:drained] == sorted(samples[:drained], reverse=True), samples
+    assert max(samples[drained:]) <= 1, samples
+    (comp,) = (await read_cr(kapi, "lo")).status.compartments
+    assert comp.budget_nodes == 1
