@@ -10,8 +10,9 @@ others, nodes several compartments select admitted into the safest one (strategy
 budget, then name) and counted there in status, priority with ``sequencing: node`` (the
 later NodeWright follows node by node) and ``sequencing: all`` (it waits until the earlier
 one is done everywhere) with ``WaitingForPriority`` in status, pause (nothing starts,
-status Paused) then unpause, and a budget lowered mid-rollout (the open batch finishes, then
-one node at a time)."""
+status Paused) then unpause, a budget lowered mid-rollout (the open batch finishes, then
+one node at a time), and compartments edited mid-rollout (a selector moved to other nodes, then
+the compartment removed) with no admission ever over the budget in force."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ from tests.helpers.waiting import Pending, eventually
 pytestmark = pytest.mark.timeout(600)
 
 SIM = "sim.nodewright.nvidia.com"
+SEEN_WITHIN = timedelta(seconds=2)
+"""How long after an edit of a policy is written the scheduler may still decide on the old one
+(its watch delivers it in milliseconds on an idle rig)."""
 
 
 @pytest.fixture(autouse=True)
@@ -752,3 +756,126 @@ async def test_a_budget_lowered_mid_rollout_lets_the_open_batch_finish_and_holds
     assert max(samples[drained:]) <= 1, samples
     (comp,) = (await read_cr(kapi, "lo")).status.compartments
     assert comp.budget_nodes == 1
+
+
+async def test_compartments_edited_mid_rollout_never_let_an_admission_exceed_a_budget(
+    cluster: Kube, services: Services
+) -> None:
+    """Someone edits the policy's compartments while their nodes are in flight: first the
+    compartment's selector moves to the other rack (with new budgets), then the compartment
+    is removed. A node in flight counts where it was admitted while that compartment exists
+    (``rules.compartment_of``), else where its labels now put it; no admission after an
+    edit takes a compartment over its new budget, and the rollout completes."""
+    kapi = cluster
+    racks = {"a": [f"mv-a{i}" for i in range(4)], "b": [f"mv-b{i}" for i in range(4)]}
+    for rack, names in racks.items():
+        await _nodes(kapi, names, nodepool="mv", rack=rack)
+        for name in names:
+            await kapi.patch(
+                f"{NODES}/{name}",
+                {"metadata": {"annotations": {podspec.SIM_STAGE_DURATION: "2s"}}},
+            )
+
+    def policy(default: int, compartments: list[tuple[str, int]]) -> dict[str, Any]:
+        return {
+            "default": {"budget": {"count": default}},
+            "compartments": [
+                {
+                    "name": "moving",
+                    "selector": {"matchLabels": {"rack": rack}},
+                    "budget": {"count": budget},
+                    "strategy": {"fixed": {"batchSize": budget}},
+                }
+                for rack, budget in compartments
+            ],
+        }
+
+    rack_of = {n: rack for rack, names in racks.items() for n in names}
+    # (from when, policy in force): who counts where, and the budgets. An admission decided
+    # on the policy before an edit may land just after it (the scheduler's watch brings the
+    # edit); one made SEEN_WITHIN after the edit was written is judged by the new policy.
+    edits: list[tuple[datetime, dict[str, str], dict[str, int]]] = []
+
+    def counts_in(sels: dict[str, Selection], where: dict[str, str]) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for node, sel in sels.items():
+            comp = sel.compartment if sel.compartment in set(where.values()) else where[node]
+            out.setdefault(comp, []).append(node)
+        return out
+
+    # Every sample after an edit: (edit index, admissions per compartment, admitted after it).
+    seen: list[tuple[int, dict[str, list[str]], set[str]]] = []
+
+    async def probe() -> int:
+        sels = await _selections(kapi, "mv")
+        if edits:
+            at, where, _ = edits[-1]
+            later = {n for n, s in sels.items() if s.selected_at > at}
+            seen.append((len(edits) - 1, counts_in(sels, where), later))
+        return len(sels)
+
+    await manifests.apply(kapi, _policy("mv", policy(1, [("a", 2)])))
+    await asyncio.to_thread(services.fleet.start_all)
+    await manifests.apply(kapi, _cr("mv", pool="mv", policy="mv"))
+
+    async def admitted(expected: dict[str, int]) -> bool | Pending:
+        sels = await _selections(kapi, "mv")
+        got: dict[str, int] = {}
+        for sel in sels.values():
+            got[sel.compartment] = got.get(sel.compartment, 0) + 1
+        return got == expected or Pending(f"admitted per compartment: {got}")
+
+    await eventually(
+        lambda: admitted({"moving": 2, "__default__": 1}),
+        timeout_s=60,
+        interval_s=0.2,
+        what="the first batches",
+    )
+    async with Sampler(probe) as s:
+        # The compartment now selects rack b with a budget of 1; the default takes rack a
+        # with 2. Rack a's two nodes in flight still count in "moving".
+        await kapi.patch(f"{manifests.POLICIES}/mv", {"spec": policy(2, [("b", 1)])})
+        edits.append(
+            (
+                datetime.now(UTC) + SEEN_WITHIN,
+                {n: "moving" if r == "b" else "__default__" for n, r in rack_of.items()},
+                {"moving": 1, "__default__": 2},
+            )
+        )
+
+        async def moved_admitted() -> bool | Pending:
+            await probe()  # the state that ends this edit's phase is judged by it too
+            sels = await _selections(kapi, "mv")
+            later = [n for n, sel in sels.items() if sel.compartment == "moving"]
+            return any(rack_of[n] == "b" for n in later) or Pending(f"moving: {later}")
+
+        await eventually(
+            moved_admitted, timeout_s=120, interval_s=0.2, what="a rack b node in 'moving'"
+        )
+        # The compartment goes: everything counts in the default (budget 2), the node
+        # admitted into "moving" included.
+        await kapi.patch(
+            f"{manifests.POLICIES}/mv",
+            {"spec": {"default": {"budget": {"count": 2}}, "compartments": None}},
+        )
+        edits.append(
+            (
+                datetime.now(UTC) + SEEN_WITHIN,
+                dict.fromkeys(rack_of, "__default__"),
+                {"__default__": 2},
+            )
+        )
+        await eventually(
+            lambda: _all_done(kapi, "mv"), timeout_s=300, interval_s=1, what="the rollout"
+        )
+        await s.stop()
+    assert seen, "no sample after the edits"
+    for index, per_compartment, later in seen:
+        budgets = edits[index][2]
+        for comp, in_flight in per_compartment.items():
+            if later & set(in_flight):
+                assert len(in_flight) <= budgets[comp], (index, per_compartment, later)
+    # Both edits were followed by admissions judged against them.
+    assert {index for index, _, later in seen if later} == {0, 1}, seen
+    status = (await read_cr(kapi, "mv")).status
+    assert [(c.name, c.budget_nodes) for c in status.compartments] == [("__default__", 2)]
