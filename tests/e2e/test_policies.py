@@ -768,12 +768,15 @@ async def test_compartments_edited_mid_rollout_never_let_an_admission_exceed_a_b
     edit takes a compartment over its new budget, and the rollout completes."""
     kapi = cluster
     racks = {"a": [f"mv-a{i}" for i in range(4)], "b": [f"mv-b{i}" for i in range(4)]}
+    # Rack b's work takes twice as long, so a rack-b node admitted into "moving" is still in
+    # flight when rack a's nodes beside it are done and the default may admit again.
     for rack, names in racks.items():
         await _nodes(kapi, names, nodepool="mv", rack=rack)
         for name in names:
+            duration = {"a": "2s", "b": "4s"}[rack]
             await kapi.patch(
                 f"{NODES}/{name}",
-                {"metadata": {"annotations": {podspec.SIM_STAGE_DURATION: "2s"}}},
+                {"metadata": {"annotations": {podspec.SIM_STAGE_DURATION: duration}}},
             )
 
     def policy(default: int, compartments: list[tuple[str, int]]) -> dict[str, Any]:
