@@ -663,3 +663,35 @@ async def test_package_logs_follow_prints_a_running_step_as_it_writes_then_its_c
     assert proc.returncode == 0, err.decode()
     assert [f"tick {i}" in text for i in range(1, 7)] == [True] * 6, text
     assert "checked the ticks" in text, text
+
+
+async def test_depends_on_runs_a_package_after_its_dependency_is_installed_on_the_host(
+    rig: Rig, cluster: Kube, services: Services, real_node: RealNode, tmp_path: Path
+) -> None:
+    """``app`` depends on ``base``; ``solo`` depends on nothing. On a real node: app's step
+    finds what base's step left on the host (base takes 4 s to leave it; app fails without
+    it), and solo ran while base was still at work. Each step writes the host's clock when
+    it ran."""
+    kapi, node = cluster, real_node.name
+    stamp = 'date +%s.%N > "/etc/deps-$1"\n'
+    base = "#!/bin/sh\nsleep 4\n" + stamp.replace("$1", "base")
+    app = "#!/bin/sh\ntest -f /etc/deps-base || exit 3\n" + stamp.replace("$1", "app")
+    solo = "#!/bin/sh\n" + stamp.replace("$1", "solo")
+    images = {
+        name: await _one_step(real_node, tmp_path / name, name, step)
+        for name, step in (("base", base), ("app", app), ("solo", solo))
+    }
+    await asyncio.to_thread(services.fleet.start_all)
+    packages: dict[str, Any] = {
+        name: {"version": "1.0.0", "image": image} for name, image in images.items()
+    }
+    packages["app"]["dependsOn"] = {"base": "1.0.0"}
+    await manifests.apply(kapi, _cr("deps", packages))
+    await _wait_ready(kapi, "deps", "three packages, one depending on another")
+    ran = {n: float(_host(real_node, f"/etc/deps-{n}").read_text()) for n in images}
+    assert ran["base"] < ran["app"], ran
+    assert ran["solo"] < ran["base"], f"solo waited for base: {ran}"
+    rec = (await _executor(kapi, node, "deps")).packages
+    assert {n: (r.installed, r.attempt) for n, r in rec.items()} == dict.fromkeys(
+        images, ("1.0.0", 1)
+    )
