@@ -12,7 +12,8 @@ later NodeWright follows node by node) and ``sequencing: all`` (it waits until t
 one is done everywhere) with ``WaitingForPriority`` in status, pause (nothing starts,
 status Paused) then unpause, a budget lowered mid-rollout (the open batch finishes, then
 one node at a time), and compartments edited mid-rollout (a selector moved to other nodes, then
-the compartment removed) with no admission ever over the budget in force."""
+the compartment removed) with no admission ever over the budget in force, and a strategy
+changed mid-rollout (the batches ``nodewright plan`` predicts right after the edit)."""
 
 from __future__ import annotations
 
@@ -882,3 +883,45 @@ async def test_compartments_edited_mid_rollout_never_let_an_admission_exceed_a_b
     assert {index for index, _, later in seen if later} == {0, 1}, seen
     status = (await read_cr(kapi, "mv")).status
     assert [(c.name, c.budget_nodes) for c in status.compartments] == [("__default__", 2)]
+
+
+async def test_a_strategy_changed_mid_rollout_runs_the_batches_nodewright_plan_then_predicts(
+    cluster: Kube, services: Services
+) -> None:
+    """The policy's strategy goes from fixed batches of 1 to exponential growth while the
+    first batch runs: the batch in flight finishes as it was, then the rollout runs exactly
+    the batches ``nodewright plan`` predicts right after the edit (the same kernel), growing
+    from the batch in flight."""
+    kapi = cluster
+    names = await _nodes(kapi, [f"stc-{i}" for i in range(9)], nodepool="stc")
+    for name in names:
+        await kapi.patch(
+            f"{NODES}/{name}", {"metadata": {"annotations": {podspec.SIM_STAGE_DURATION: "2s"}}}
+        )
+    fixed = {"fixed": {"batchSize": 1}}
+    await manifests.apply(
+        kapi, _policy("stc", {"default": {"budget": {"count": 9}, "strategy": fixed}})
+    )
+    log = BatchLog(kapi, "stc")
+    await asyncio.to_thread(services.fleet.start_all)
+    async with Sampler(log.probe) as s:
+        await manifests.apply(kapi, _cr("stc", pool="stc", policy="stc"))
+
+        async def first_batch() -> bool | Pending:
+            await log.probe()
+            return bool(log.seen) or Pending("nothing admitted")
+
+        await eventually(first_batch, timeout_s=60, interval_s=0.2, what="the first batch")
+        exponential = {"fixed": None, "exponential": {"initialBatch": 1, "growthFactor": 2}}
+        await kapi.patch(
+            f"{manifests.POLICIES}/stc", {"spec": {"default": {"strategy": exponential}}}
+        )
+        doc = await plan_cmd.plan_for(kapi, "stc", datetime.now(UTC))
+        await eventually(
+            lambda: _all_done(kapi, "stc"), timeout_s=240, interval_s=1, what="the rollout"
+        )
+        await s.stop()
+    # Batch 1 ran as fixed had it; from 1, exponential doubles: 2, 4, then the last 2.
+    assert [b["size"] for b in doc["batches"]] == [1, 2, 4, 2]
+    planned = {(b["compartment"], b["batch"]): set(b["nodes"]) for b in doc["batches"]}
+    assert log.batches() == planned
