@@ -1,11 +1,13 @@
 """The real node as a node: real pods drained (Eviction API, a PDB, a non-interruptible pod
 waited for) with kubelet really stopping them, interrupts judged as on any node, pods
-reaching the API server through the ``kubernetes`` Service, ``kubectl logs``, and the rig
-leaving nothing behind on the machine."""
+reaching the API server through the ``kubernetes`` Service, ``kubectl logs``, a node behind
+the runtime-required taint running workloads only once validated, and the rig leaving nothing
+behind on the machine."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +26,7 @@ from tests.e2e.realnode.test_packages import (
     _cr,
     _host,
     _load,
+    _one_step,
     _package,
     _sysctl,
     _wait_ready,
@@ -460,3 +463,49 @@ async def test_a_reboot_that_takes_the_node_away_holds_its_slot_and_completes_on
         assert "node.kubernetes.io/unreachable" not in keys, keys
     finally:
         rig.stop_component("node-lifecycle")
+
+
+async def test_a_node_behind_the_runtime_required_taint_runs_workloads_only_once_validated(
+    rig: Rig, cluster: Kube, services: Services, real_node: RealNode, tmp_path: Path
+) -> None:
+    """A node joins with the runtime-required taint (its provisioning adds it); a workload
+    aimed at it waits unscheduled while NodeWright's own pods run there (they tolerate the
+    taint), and once the node is validated the taint goes and kube-scheduler and the kubelet
+    run the workload."""
+    kapi, ns, node = cluster, services.namespace, real_node.name
+    taint = {"key": progress.RUNTIME_REQUIRED_TAINT, "value": "true", "effect": "NoSchedule"}
+    await kapi.patch(f"{NODES}/{node}", {"spec": {"taints": [taint]}})
+    step = "#!/bin/sh\necho ran > /etc/gate.ran\nsleep 3\n"
+    image = await _one_step(real_node, tmp_path, "gate", step)
+    pods_path = path_of(plural="pods", namespace=ns)
+    await wait_for_default_service_account(kapi, ns)
+    await kapi.create(pods_path, _pod("workload", labels={}, command=[], image=PAUSE_IMAGE))
+
+    async def held_by_the_taint() -> bool | Pending:
+        status = (await kapi.get(f"{pods_path}/workload")).get("status") or {}
+        said = [c.get("message", "") for c in status.get("conditions") or []]
+        return any("untolerated taint" in m for m in said) or Pending(str(said))
+
+    # Before NodeWright does anything (no cordon yet; the node's one taint is this one).
+    await eventually(held_by_the_taint, timeout_s=60, what="the scheduler to find the taint")
+    await asyncio.to_thread(services.fleet.start_all)
+    package = {"version": "1.0.0", "image": image}
+    await manifests.apply(kapi, _cr("gate", {"gate": package}, runtimeRequired=True))
+
+    async def step_ran() -> bool:
+        return _host(real_node, "/etc/gate.ran").exists()
+
+    await eventually(step_ran, timeout_s=120, interval_s=0.2, what="the package's step")
+    workload = await kapi.get(f"{pods_path}/workload")
+    assert not workload["spec"].get("nodeName"), "the workload was scheduled onto the node"
+    assert (workload.get("status") or {}).get("phase") == "Pending"
+    await _wait_ready(kapi, "gate", "the node validated")
+    taints = (await kapi.get(f"{NODES}/{node}"))["spec"].get("taints") or []
+    assert all(t["key"] != progress.RUNTIME_REQUIRED_TAINT for t in taints), taints
+
+    async def running() -> bool | Pending:
+        phase = await _phase(kapi, ns, "workload")
+        return phase == "Running" or Pending(phase)
+
+    await eventually(running, timeout_s=90, interval_s=0.5, what="the workload to run")
+    assert (await kapi.get(f"{pods_path}/workload"))["spec"]["nodeName"] == node
