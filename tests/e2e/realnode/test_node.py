@@ -1,8 +1,8 @@
 """The real node as a node: real pods drained (Eviction API, a PDB, a non-interruptible pod
 waited for) with kubelet really stopping them, interrupts judged as on any node, pods
 reaching the API server through the ``kubernetes`` Service, ``kubectl logs``, a node behind
-the runtime-required taint running workloads only once validated, and the rig leaving nothing
-behind on the machine."""
+the runtime-required taint running workloads only once validated, the interrupts of two
+packages merged into one reboot, and the rig leaving nothing behind on the machine."""
 
 from __future__ import annotations
 
@@ -509,3 +509,49 @@ async def test_a_node_behind_the_runtime_required_taint_runs_workloads_only_once
 
     await eventually(running, timeout_s=90, interval_s=0.5, what="the workload to run")
     assert (await kapi.get(f"{pods_path}/workload"))["spec"]["nodeName"] == node
+
+
+async def test_a_reboot_and_a_service_restart_of_two_packages_merge_into_one_reboot(
+    rig: Rig, cluster: Kube, services: Services, real_node: RealNode, tmp_path: Any
+) -> None:
+    """Two packages on one node: one restarts containerd, the other reboots. Their interrupts
+    run as one pod, and a reboot restarts every service, so the host sees one ``reboot`` and
+    no ``systemctl restart``; once the boot ID changes, both packages' post-interrupt stages
+    run and the rollout completes."""
+    kapi = cluster
+    ok = "#!/bin/sh\nexit 0\n"
+    for name in ("svc", "rb"):
+        stages = {
+            "apply": {
+                "steps": [{"name": "s", "path": "ok.sh"}],
+                "check": [{"name": "c", "path": "ok.sh"}],
+            },
+            "post-interrupt": {
+                "steps": [{"name": "after", "path": "after.sh"}],
+                "check": [{"name": "c", "path": "ok.sh"}],
+            },
+        }
+        after = f"#!/bin/sh\necho ran > /var/tmp/after-{name}\n"
+        pkg = _package(
+            tmp_path, name, "1.0.0", stages=stages, steps={"ok.sh": ok, "after.sh": after}
+        )
+        await _load(real_node, pkg, f"registry.example/{name}:1.0.0", tmp_path)
+    before = _recorded(real_node)
+    await asyncio.to_thread(services.fleet.start_all)
+    packages = {
+        "svc": {
+            "version": "1.0.0",
+            "image": "registry.example/svc",
+            "interrupt": {"type": "service", "services": ["containerd"]},
+        },
+        "rb": {"version": "1.0.0", "image": "registry.example/rb", "interrupt": {"type": "reboot"}},
+    }
+    await manifests.apply(kapi, _cr("both", packages))
+    await _reboot_called(real_node)
+    await asyncio.to_thread(real_node.simulate_reboot, rig._spawn)
+    await _wait_ready(kapi, "both", "both packages after one reboot")
+    calls = _recorded(real_node)[len(before) :]
+    assert calls.count("reboot") == 1, calls
+    assert "systemctl" not in calls, calls
+    for name in ("svc", "rb"):
+        assert _host(real_node, f"/var/tmp/after-{name}").read_text() == "ran\n", name
