@@ -89,6 +89,26 @@ def _recorded(node: RealNode) -> str:
     return "".join(p.read_text() for p in calls.glob("*.log"))
 
 
+async def _with_post_interrupt(node: RealNode, tmp: Any, name: str, marker: str) -> None:
+    """Package ``name`` 1.0.0 as ``registry.example/<name>``, loaded into ``node``: an apply
+    stage that does nothing and a post-interrupt stage that writes "ran" to ``marker`` on the
+    host, each with a passing check."""
+    ok = "#!/bin/sh\nexit 0\n"
+    stages = {
+        "apply": {
+            "steps": [{"name": "s", "path": "ok.sh"}],
+            "check": [{"name": "c", "path": "ok.sh"}],
+        },
+        "post-interrupt": {
+            "steps": [{"name": "after", "path": "after.sh"}],
+            "check": [{"name": "c", "path": "ok.sh"}],
+        },
+    }
+    after = f"#!/bin/sh\necho ran > {marker}\n"
+    pkg = _package(tmp, name, "1.0.0", stages=stages, steps={"ok.sh": ok, "after.sh": after})
+    await _load(node, pkg, f"registry.example/{name}:1.0.0", tmp)
+
+
 async def _reboot_called(node: RealNode) -> None:
     async def called() -> bool:
         return "reboot" in _recorded(node)
@@ -398,21 +418,9 @@ async def test_a_reboot_that_takes_the_node_away_holds_its_slot_and_completes_on
     its post-interrupt stage runs there and the rollout completes, the node uncordoned.
     The interrupt's pod dies with the machine: the reboot is judged by the boot ID alone."""
     kapi, node = cluster, real_node.name
-    ok = "#!/bin/sh\nexit 0\n"
-    stages = {
-        "apply": {
-            "steps": [{"name": "s", "path": "ok.sh"}],
-            "check": [{"name": "c", "path": "ok.sh"}],
-        },
-        # Runs after the reboot: a pod on the node that was just NotReady and tainted.
-        "post-interrupt": {
-            "steps": [{"name": "after", "path": "after.sh"}],
-            "check": [{"name": "c", "path": "ok.sh"}],
-        },
-    }
-    after = "#!/bin/sh\necho ran > /var/tmp/after-reboot\n"
-    pkg = _package(tmp_path, "rb", "1.0.0", stages=stages, steps={"ok.sh": ok, "after.sh": after})
-    await _load(real_node, pkg, "registry.example/rb:1.0.0", tmp_path)
+    # Its post-interrupt runs after the reboot: a pod on the node that was just NotReady and
+    # tainted.
+    await _with_post_interrupt(real_node, tmp_path, "rb", "/var/tmp/after-reboot")
     # A machine goes down under a reboot before the command returns: the interrupt's pod
     # never reports an exit, and dies with everything else (power_off).
     reboot = _host(real_node, "/usr/local/sbin/reboot")
@@ -519,23 +527,8 @@ async def test_a_reboot_and_a_service_restart_of_two_packages_merge_into_one_reb
     no ``systemctl restart``; once the boot ID changes, both packages' post-interrupt stages
     run and the rollout completes."""
     kapi = cluster
-    ok = "#!/bin/sh\nexit 0\n"
     for name in ("svc", "rb"):
-        stages = {
-            "apply": {
-                "steps": [{"name": "s", "path": "ok.sh"}],
-                "check": [{"name": "c", "path": "ok.sh"}],
-            },
-            "post-interrupt": {
-                "steps": [{"name": "after", "path": "after.sh"}],
-                "check": [{"name": "c", "path": "ok.sh"}],
-            },
-        }
-        after = f"#!/bin/sh\necho ran > /var/tmp/after-{name}\n"
-        pkg = _package(
-            tmp_path, name, "1.0.0", stages=stages, steps={"ok.sh": ok, "after.sh": after}
-        )
-        await _load(real_node, pkg, f"registry.example/{name}:1.0.0", tmp_path)
+        await _with_post_interrupt(real_node, tmp_path, name, f"/var/tmp/after-{name}")
     before = _recorded(real_node)
     await asyncio.to_thread(services.fleet.start_all)
     packages = {
