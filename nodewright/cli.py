@@ -7,7 +7,7 @@ Commands (docs/cli.md describes each):
   events         follow the event stream (CloudEvents), decoded
   plan           dry run of a rollout's batches; reset-batches starts them over
   pause/resume, disable/enable
-  node           list a NodeWright's nodes; status, retry, reset, ignore, unignore one
+  node           list a NodeWright's nodes; status, retry, reset, abort, ignore, unignore one
   package        validate a package directory; status, logs (-f), rerun on nodes
   uninstall-all  delete every NodeWright and DeploymentPolicy before removing NodeWright
 
@@ -558,6 +558,40 @@ def _recovery(verb: Literal["retry", "reset"], text: str) -> None:
 
 _recovery("retry", "Run what failed on the node again, as a new attempt.")
 _recovery("reset", "Forget a NodeWright's progress on the node: it starts over.")
+
+
+@node.command("abort")
+@click.argument("node_name", metavar="NODE", shell_complete=NODE_NAMES)
+@click.option("--nodewright", default="", metavar="NAME", help=_ONLY_HELP)
+@click.option(
+    "--package",
+    default="",
+    metavar="NAME",
+    help="Only this package's stage (default: every stage running on the node).",
+)
+@dry_run_option
+@kube_options
+@click.pass_context
+def node_abort(
+    ctx: click.Context,
+    node_name: str,
+    nodewright: str,
+    package: str,
+    dry_run: DryRun,
+    kubeconfig: str | None,
+    context: str | None,
+) -> None:
+    """Fail what runs on the node now (reason StageAborted); its pod is stopped, kept for
+    its logs. `node retry` runs it again."""
+    from nodewright import node_cmd
+
+    node_cmd.run_abort(
+        _target(ctx, kubeconfig, context),
+        node=node_name,
+        nodewright=nodewright,
+        package=package,
+        dry_run=dry_run,
+    )
 
 
 def _labelling(verb: Literal["ignore", "unignore"], text: str) -> None:

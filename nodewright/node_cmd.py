@@ -574,6 +574,79 @@ async def retry(client: Kube, node_name: str, only: str, dry_run: DryRun) -> Non
         )
 
 
+def running(v: CrView, package: str = "") -> list[str]:
+    """What runs for the NodeWright on the node, as abort would stop it (of ``package``
+    only, when given)."""
+    f = v.facts
+    out: list[str] = []
+    intr = f.executor.interrupt
+    merged: set[str] = set()
+    if intr is not None and intr.state == "running" and (not package or package in intr.packages):
+        merged = set(intr.packages)
+        out.append(
+            f"the {intr.type} interrupt of {', '.join(intr.packages)} (attempt "
+            f"{intr.attempt}) fails; what it already asked of the host happens anyway"
+        )
+    for name, r in sorted(f.executor.packages.items()):
+        if r.state != "running" or name in merged or (package and name != package):
+            continue
+        out.append(f"package {name} {r.version} stage {r.stage} (attempt {r.attempt}) fails")
+    return out
+
+
+async def abort(client: Kube, node_name: str, only: str, package: str, dry_run: DryRun) -> None:
+    node = await get_node(client, node_name)
+    crs = chosen(node, only)
+    if package:
+        known = {n for cr in crs for n in progress.facts(node, cr).executor.packages}
+        if package not in known:
+            raise CommandError(
+                f"no package {package} has run on node {node_name}"
+                + (f" (packages there: {', '.join(sorted(known))})" if known else "")
+            )
+    asked = 0
+    verb = "Would request" if dry_run != "none" else "Requested"
+    for name in crs:
+        todo = running(view(node, name, None), package)
+        if not todo:
+            _say(f"NodeWright {name} on node {node_name}: nothing runs, nothing to abort.")
+            continue
+        req = await add_request(client, node_name, name, "abort", package=package, dry_run=dry_run)
+        asked += 1
+        _say(f"{verb} abort #{req.seq} of NodeWright {name} on node {node_name}:")
+        for line in todo:
+            _say(f"  - {line}")
+        _say(
+            "  Its pods are stopped and kept for their logs (`nodewright package logs PKG "
+            f"--node {node_name}`); `nodewright node retry {node_name}` runs it again."
+        )
+    if not asked:
+        raise CommandError(
+            f"nothing runs on node {node_name}"
+            + (f" for NodeWright {only}" if only else "")
+            + f" to abort (`nodewright node status {node_name}` shows where it stands)"
+        )
+
+
+def run_abort(
+    target: Target,
+    *,
+    node: str,
+    nodewright: str = "",
+    package: str = "",
+    dry_run: DryRun = "none",
+) -> None:
+    """Run ``node abort``; CommandError says what went wrong."""
+
+    async def command(client: Kube) -> None:
+        await abort(client, node, nodewright, package, dry_run)
+        note = dry_run_note(dry_run)
+        if note:
+            _say(note)
+
+    run(target, command)
+
+
 async def reset(client: Kube, node_name: str, only: str, dry_run: DryRun) -> None:
     node = await get_node(client, node_name)
     verb = "Would request" if dry_run != "none" else "Requested"

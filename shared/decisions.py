@@ -109,6 +109,11 @@ class NodeDecision:
     delete: tuple[PodRef, ...] = ()
     """Pods to delete, in the services' namespace: exactly the ones decided on (their UID
     and resourceVersion are the delete's preconditions)."""
+    stop: tuple[PodRef, ...] = ()
+    """Pods to stop and keep (for their logs): the kubelet ends them (``activeDeadlineSeconds``
+    set past their start) and the API server keeps them, unlike a delete. Asks for no
+    fence: only a record that already says the stage failed stops its pod, and a stopped
+    pod is never started again."""
     settled: frozenset[str] = frozenset()
     """Names among :attr:`delete` whose outcome the owner's record the decision was taken
     on already holds (a finished pod of a stage or check the record has moved past). A

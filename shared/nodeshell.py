@@ -74,6 +74,11 @@ DEDUPE_MARGIN_S: Final = 10.0
 looking: JetStream still drops it. The margin covers a copy nats-py held while reconnecting
 (the publisher sends no attempt after the event's cutoff: ``send_by``)."""
 
+STOP_DEADLINE_S: Final = 1
+"""The ``activeDeadlineSeconds`` that stops a pod: any pod the executor stops has run
+longer, so the kubelet ends it at once (SIGTERM, then SIGKILL after the pod's grace), and
+the pod stays, Failed with reason DeadlineExceeded, with its containers' logs."""
+
 MIN_POD_AGE_S: Final = 20.0
 """No pod younger than this is deleted: longer than :data:`CREATE_WITHIN_S` plus how far a
 replica's pod cache may lag its node cache, so no replica can still be about to create it."""
@@ -108,6 +113,12 @@ class ObjectPort(Protocol):
     async def delete_pod(self, pod: PodRef) -> bool:
         """Delete the pod if it is still the object ``pod`` names, unchanged (UID and
         resourceVersion as preconditions); True when it is gone, False when it changed."""
+        ...
+
+    async def stop_pod(self, pod: PodRef) -> bool:
+        """Have the kubelet end the pod and the API server keep it (for its logs): its
+        ``activeDeadlineSeconds`` set to :data:`STOP_DEADLINE_S`, if it is still the object
+        ``pod`` names (its UID); True when it is stopping or gone, False when it changed."""
         ...
 
 
@@ -230,7 +241,7 @@ async def apply(
     again = decision.requeue_after
     if again_young is not None:
         again = _sooner(again, again_young)
-    if decision.config_maps or decision.create or decision.delete:
+    if decision.config_maps or decision.create or decision.delete or decision.stop:
         if objects is None:
             raise ValueError("a decision with pods or ConfigMaps needs an object port")
         again = await _objects(decision, objects, fenced=fenced, clock=clock, again=again)
@@ -317,6 +328,11 @@ async def _objects(
     for pod in decision.delete:
         if not await objects.delete_pod(pod):
             again = STALE_RETRY_S  # it changed since the decision: decide again
+    for pod in decision.stop:
+        if await objects.stop_pod(pod):
+            _log.info("Stopped Pod", extra={**where, "pod": pod.name})
+        else:
+            again = STALE_RETRY_S
     return again
 
 
@@ -561,6 +577,28 @@ class KubeObjects:
             if exc.conflict:
                 return False  # another object of that name, or changed since: decide again
             raise
+        return True
+
+    async def stop_pod(self, pod: PodRef) -> bool:
+        path = path_of(plural="pods", namespace=self.namespace, name=pod.name)
+        ops: list[JSON] = [
+            {"op": "add", "path": "/spec/activeDeadlineSeconds", "value": STOP_DEADLINE_S}
+        ]
+        if pod.uid:
+            ops.insert(0, {"op": "test", "path": "/metadata/uid", "value": pod.uid})
+        try:
+            updated = await self.kube.patch(path, ops, kind="json")
+        except ApiError as exc:
+            if exc.not_found:
+                return True
+            if exc.conflict or exc.patch_not_applicable:
+                return False  # another pod of that name: decide again
+            raise
+        # Written through: the next pass sees it stopping and does not stop it again.
+        if self.pods is not None:
+            self.pods.observe(updated)
+        if self.on_pod is not None:
+            self.on_pod(None, updated)
         return True
 
 

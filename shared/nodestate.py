@@ -53,7 +53,7 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The base of every per-node record: compact JSON, defaults left out, frozen."""
 
 
-RequestAction = Literal["retry", "reset", "rerun"]
+RequestAction = Literal["retry", "reset", "rerun", "abort"]
 
 
 class Request(Record, frozen=True, kw_only=True, omit_defaults=True):
@@ -62,6 +62,8 @@ class Request(Record, frozen=True, kw_only=True, omit_defaults=True):
     retry: what failed (drain, stage, check, interrupt) runs again as a new attempt.
     reset: every service forgets this NodeWright's progress on the node; it starts over.
     rerun: the executor runs ``package``'s cycle (or only ``stage``) again.
+    abort: the executor fails what runs now (of ``package``, or of every package, and the
+    interrupt) with reason StageAborted and stops its pods, kept for their logs.
     """
 
     seq: int

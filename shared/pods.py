@@ -162,6 +162,11 @@ class PodView:
     """The stage the same pod runs after this part's stage and its check ("" when none):
     a check that passed with a stage after it in its pod is not written, the next stage
     starting is its record (:func:`parts`)."""
+    stopping: bool = False
+    """The pod has an ``activeDeadlineSeconds``: the executor stopped it (a stage that timed
+    out or was aborted), and the kubelet ends it; it is kept for its logs."""
+    over: bool = False
+    """The whole pod ended (its phase is Succeeded or Failed), whatever this part's phase."""
 
     @property
     def image_pull_failed(self) -> bool:
@@ -417,6 +422,8 @@ def _view(pod: Mapping[str, Any], statuses: list[Any]) -> PodView:
         image_volume=image_volume,
         spec=str(ann.get(ANN_SPEC) or ""),
         cycle=str(ann.get(ANN_CYCLE) or ""),
+        stopping=spec.get("activeDeadlineSeconds") is not None,
+        over=status.get("phase") in ("Succeeded", "Failed"),
     )
 
 

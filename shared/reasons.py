@@ -100,6 +100,9 @@ DRAIN_FAILED: Final = "DrainFailed"
 
 STAGE_FAILED: Final = "StageFailed"
 STAGE_TIMEOUT: Final = "StageTimeout"
+STAGE_ABORTED: Final = "StageAborted"
+"""Someone stopped the running stage (``nodewright node abort``); its pod is kept, stopped,
+for its logs; ``nodewright node retry`` runs it again."""
 IMAGE_PULL_FAILED: Final = "ImagePullFailed"
 IMAGE_VOLUME_UNSUPPORTED: Final = "ImageVolumeUnsupported"
 """The node's container runtime cannot mount the package image as an image volume; the

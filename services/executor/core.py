@@ -89,6 +89,8 @@ class Decision:
     record: RecordChange = field(default_factory=Keep)
     create: tuple[PodRequest, ...] = ()
     delete: tuple[str, ...] = ()
+    stop: tuple[str, ...] = ()
+    """Pods to stop and keep, for their logs (:attr:`shared.decisions.NodeDecision.stop`)."""
     settled: frozenset[str] = frozenset()
     """Among :attr:`delete`: the pods the record already moved past (:func:`_settled`)."""
     publish: tuple[events.Event, ...] = ()
@@ -110,6 +112,14 @@ class _Work(Work):
     interrupt: InterruptRecord | None
     parts: dict[str, list[PodView]] = field(default_factory=dict)
     """By pod name, the stage parts of each pod on the node, in the order they run."""
+    stop: set[str] = field(default_factory=set)
+    """Pods to stop and keep for their logs (a stage that timed out or was aborted, a check
+    that timed out): :attr:`Decision.stop` once they run."""
+
+    def halt(self, pod: str) -> None:
+        """Stop ``pod`` (if it still runs) and keep it."""
+        self.keep.add(pod)
+        self.stop.add(pod)
 
 
 def pod_name(cr: str, node: str, req: PodRequest) -> str:
@@ -449,7 +459,9 @@ def _judged(
     timeout = _stage_timeout(w.cr, d)
     elapsed = (w.now - started).total_seconds()
     if elapsed >= timeout:
-        w.keep.discard(part.name)  # stop it: a timed-out stage must not finish later unseen
+        # Stopped, not deleted: a timed-out stage must not finish later unseen, and what it
+        # printed is what tells why it hung (`nodewright package logs`).
+        w.halt(part.name)
         return _failed(
             w,
             d,
@@ -535,8 +547,9 @@ def _settled(records: Mapping[str, PackageRecord], pod: PodView) -> bool:
     )
 
 
-def _timed_out(r: PackageRecord) -> bool:
-    return r.reason is not None and r.reason.code == reasons.STAGE_TIMEOUT
+def _stopped(r: PackageRecord) -> bool:
+    """``r`` failed while its pod still ran: it timed out, or someone aborted it."""
+    return r.reason is not None and r.reason.code in (reasons.STAGE_TIMEOUT, reasons.STAGE_ABORTED)
 
 
 def _key(r: PackageRecord, name: str) -> PodKey:
@@ -595,11 +608,14 @@ def _packages(
         if r.state == "failed" or r.stage == INTERRUPT_STAGE:
             if r.state == "failed":
                 pod = pods_by.get(_key(r, name))
-                # Failed pods stay for their logs until a retry; but a stage stopped for its
-                # timeout may still run: its pod goes, with the step's processes on the host,
-                # in a later pass if the one that failed it could not delete it yet.
-                if pod is not None and not _timed_out(r):
+                # Failed pods stay for their logs until a retry; but a stage that timed out
+                # or was aborted may still run: its pod is stopped (the step's processes on
+                # the host with it) and kept, in a later pass if the one that failed it
+                # could not stop it yet.
+                if pod is not None:
                     w.keep.add(pod.name)
+                    if _stopped(r):
+                        w.halt(pod.name)
             continue
         if r.state == "running":
             pod = pods_by.get(_key(r, name))
@@ -632,11 +648,12 @@ def _packages(
                 and verdict.reason.code == reasons.CHECK_TIMEOUT
                 and progress.verdict_about(r, verdict)
             )
-            if pod is not None and not timed_out:
-                w.keep.add(pod.name)  # its check runs, or failed: kept for its logs
             if pod is not None:
-                # A check that timed out is stopped: neither it nor a stage after it in its
-                # pod may go on unseen.
+                w.keep.add(pod.name)  # its check runs, or failed: kept for its logs
+                if timed_out:
+                    # A check that timed out is stopped: neither it nor a stage after it in
+                    # its pod may go on unseen.
+                    w.halt(pod.name)
                 _announce(w, pod.name)
             continue
         if may_start:
@@ -892,8 +909,72 @@ def honour(
                 return ExecutorRecord(reset_boot=rec.reset_boot)
             case "rerun":
                 return _rerun(rec, desired, req, now)
+            case "abort":
+                return _abort(rec, req, now)
 
     return recovery.honour(record, requests, step)
+
+
+def _abort(record: ExecutorRecord, req: Request, now: datetime) -> ExecutorRecord:
+    """``record`` with what runs now failed, reason StageAborted: the running stage of
+    ``req.package`` (of every package when it names none), and the running interrupt of
+    those packages (with every package it was merged for, as its timeout would). Their
+    pods are stopped and kept by the passes after (:func:`_stopped`); what a stage already
+    did on the host stays done, and a reboot already asked for happens anyway."""
+    who = req.by or "a user"
+
+    def reason(what: str) -> Reason:
+        return Reason(
+            code=reasons.STAGE_ABORTED,
+            message=(
+                f"{what} stopped by {who} (`nodewright node abort`, request {req.seq}); its "
+                "pod is kept, stopped, for its logs; `nodewright node retry` runs it again"
+            ),
+            details={"request": str(req.seq), "by": who},
+        )
+
+    def chosen(name: str) -> bool:
+        return not req.package or name == req.package
+
+    packages = dict(record.packages)
+    interrupt = record.interrupt
+    if (
+        interrupt is not None
+        and interrupt.state == "running"
+        and any(chosen(n) for n in interrupt.packages)
+    ):
+        why = reason(f"the {interrupt.type} interrupt of {', '.join(interrupt.packages)}")
+        interrupt = update(interrupt, state="failed", reason=why)
+        for n in interrupt.packages:
+            if n in packages:
+                packages[n] = update(packages[n], state="failed", reason=why, updated=now)
+    for name, r in record.packages.items():
+        if chosen(name) and packages[name].state == "running":
+            why = reason(f"stage {r.stage} of {name} {r.version}")
+            packages[name] = update(r, state="failed", reason=why, updated=now)
+    return update(record, packages=packages, interrupt=interrupt)
+
+
+def _aborted(before: ExecutorRecord, after: ExecutorRecord, out: events.Emitter) -> None:
+    """Say ``stage.failed`` of each stage :func:`_abort` failed between the two records."""
+    for name, r in sorted(after.packages.items()):
+        was = before.packages.get(name)
+        if r.reason is None or r.reason.code != reasons.STAGE_ABORTED or was == r:
+            continue
+        out.emit(
+            events.StageFailed,
+            name,
+            r.version,
+            r.stage,
+            r.attempt,
+            "failed",
+            package=name,
+            version=r.version,
+            stage=r.stage,
+            reason=r.reason,
+            attempt=r.attempt,
+            started=was.updated if was is not None else r.updated,
+        )
 
 
 def forget(node: NodeFacts, cr: str) -> Decision:
@@ -909,6 +990,17 @@ def forget(node: NodeFacts, cr: str) -> Decision:
     return Decision(record=Remove())
 
 
+def _emitter(cr: api.NodeWright, node: NodeFacts, now: datetime, source: str) -> events.Emitter:
+    """The events of a decision taken outside a pass's :class:`_Work` (which has its own)."""
+    return events.Emitter(
+        cr=cr.metadata.name,
+        generation=cr.metadata.generation,
+        node=node.name,
+        now=now,
+        source=source,
+    )
+
+
 def _rebooted(cr: api.NodeWright, node: NodeFacts, now: datetime, source: str) -> Decision | None:
     """With ``spec.reapplyOnReboot``, a node that rebooted outside NodeWright since its
     packages completed starts over, like after ``nodewright node reset``: the record keeps
@@ -916,13 +1008,7 @@ def _rebooted(cr: api.NodeWright, node: NodeFacts, now: datetime, source: str) -
     boot = recovery.rebooted(cr, node)
     if not boot:
         return None
-    out = events.Emitter(
-        cr=cr.metadata.name,
-        generation=cr.metadata.generation,
-        node=node.name,
-        now=now,
-        source=source,
-    )
+    out = _emitter(cr, node, now, source)
     out.emit(
         events.NodeRebooted,
         "rebooted",
@@ -958,8 +1044,11 @@ def decide(
             checks=node.validator.checks,
             now=now,
         )
-        # Written alone; the next pass (at once) starts the new attempts and drops old pods.
-        return Decision(record=Write(honoured), requeue_after=0.0)
+        out = _emitter(cr, node, now, source)
+        _aborted(node.executor, honoured, out)
+        # Written alone; the next pass (at once) starts the new attempts, drops old pods and
+        # stops aborted ones.
+        return Decision(record=Write(honoured), publish=tuple(out.events), requeue_after=0.0)
     rebooted = _rebooted(cr, node, now, source)
     if rebooted is not None:
         return rebooted
@@ -1000,6 +1089,11 @@ def decide(
         # it): once the pod is gone, nothing says its stages ran any more.
         _announce(w, name)
     delete = tuple(sorted({p.name for p in gone}))
+    stop = tuple(
+        sorted(
+            {p.name for p in mine if p.name in w.stop and not (p.stopping or p.over or p.deleting)}
+        )
+    )
     settled = frozenset(p.name for p in gone if _settled(node.executor.packages, p))
     # A fresh record starts out having honoured every request: there was nothing to act on.
     mark = requests.latest if fresh else node.executor.honoured
@@ -1028,6 +1122,7 @@ def decide(
         record=Write(new_record) if changed else Keep(),
         create=tuple(w.create),
         delete=delete,
+        stop=stop,
         settled=settled,
         publish=tuple(w.out.events),
         announce=w.announcements(),

@@ -303,6 +303,7 @@ class Executor:
                 config_maps=tuple(config_maps),
                 create=tuple(bodies),
                 delete=nodeshell.pod_refs(self.pods, self.ctx.settings.namespace, decision.delete),
+                stop=nodeshell.pod_refs(self.pods, self.ctx.settings.namespace, decision.stop),
                 settled=decision.settled,
                 events=decision.publish,
                 announce=decision.announce,

@@ -398,6 +398,8 @@ def honour(record: ValidatorRecord, requests: Requests) -> ValidatorRecord:
                 return ValidatorRecord(checks=rec.checks, reset_boot=rec.reset_boot)
             case "retry":
                 return rec  # the executor's new attempts make the failed verdicts stale
+            case "abort":
+                return rec  # the executor fails what runs; its checks are judged no more
 
     return recovery.honour(record, requests, step)
 

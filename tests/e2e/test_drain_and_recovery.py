@@ -13,7 +13,7 @@ import pytest
 
 from nodewright import manifests
 from nodewright.rig import Rig, nodes
-from shared import api, nodestate, progress
+from shared import api, nodestate, pods, progress
 from shared.kube import ApiError, Kube, path_of
 from tests.e2e.conftest import NODES, Sampler, Services, read_cr
 from tests.helpers.cli import cli
@@ -398,6 +398,78 @@ async def test_failed_and_unpullable_nodes_say_why_and_recover_by_retry_and_rese
     assert "package tuning: version 1.0.0, stage config succeeded" in status
     assert "last request: #1 retry" in status
     assert "honoured" in status
+
+
+async def test_node_abort_fails_a_slow_stage_at_once_says_why_and_retry_completes_it(
+    rig: Rig, cluster: Kube, services: Services
+) -> None:
+    """A stage that would run an hour (its timeout is the default half hour): ``nodewright
+    node abort`` fails it at once with reason StageAborted, in the CR status and as a
+    NodeFailed Event on the node; its pod is stopped (the kwok rig ends it as a kubelet
+    would, DeadlineExceeded) and kept; the other node is not touched, and a retry, once the
+    cause is gone, completes the rollout."""
+    kapi, ns = cluster, services.namespace
+    names = await nodes.create_nodes(kapi, ["gpu-00", "gpu-01"], labels=GPU)
+    await nodes.wait_ready(kapi, names)
+    slow = f"{SIM}/stage-duration"
+    await kapi.patch(f"{NODES}/gpu-00", {"metadata": {"annotations": {slow: "1h"}}})
+    await asyncio.to_thread(services.fleet.start_all)
+    await manifests.apply(kapi, _cr("abort", 2))
+
+    async def running() -> list[dict[str, Any]]:
+        found = await _pods_of(kapi, ns, f"{pods.LABEL_CR}=abort")
+        return [p for p in found if p["spec"].get("nodeName") == "gpu-00"]
+
+    (pod,) = await eventually(running, timeout_s=60, what="gpu-00's stage pod")
+    out = await _cli(rig, "node", "abort", "gpu-00")
+    assert "Requested abort #1 of NodeWright abort on node gpu-00:" in out
+    assert "package tuning 1.0.0 stage apply (attempt 1) fails" in out
+
+    async def aborted() -> api.NodeDetail | None:
+        d = await _detail(kapi, "abort", "gpu-00")
+        return d if d is not None and d.state == "Failed" else None
+
+    detail = await eventually(aborted, timeout_s=30, what="gpu-00 failed, aborted")
+    assert detail is not None
+    assert detail.reason == "StageAborted"
+    assert "nodewright node retry" in detail.message
+
+    async def ended() -> dict[str, Any] | None:
+        got = await kapi.get(path_of(plural="pods", namespace=ns, name=pod["metadata"]["name"]))
+        return got if got["status"].get("reason") == "DeadlineExceeded" else None
+
+    stopped = await eventually(ended, timeout_s=30, what="the pod stopped and kept")
+    assert stopped is not None
+    assert stopped["status"]["phase"] == "Failed"
+    assert stopped["metadata"]["uid"] == pod["metadata"]["uid"]
+
+    async def said() -> list[str]:
+        listed = await kapi.get(
+            path_of(plural="events", namespace="default"),
+            fieldSelector="involvedObject.kind=Node,involvedObject.name=gpu-00",
+        )
+        return [e.get("message", "") for e in listed["items"] if e["reason"] == "NodeFailed"]
+
+    (message,) = await eventually(said, timeout_s=30, what="a NodeFailed Event on gpu-00")
+    assert "node gpu-00 failed: StageAborted: stage apply of tuning 1.0.0 stopped by" in message
+    assert (await _turns(kapi, "abort"))["gpu-01"] in ("executor", "validator", "done")
+
+    await _unannotate(kapi, "gpu-00", slow)
+    out = await _cli(rig, "node", "retry", "gpu-00")
+    assert "package tuning 1.0.0 stage apply (it failed: StageAborted) runs again as attempt 2" in (
+        out
+    )
+
+    async def all_done() -> bool:
+        return set((await _turns(kapi, "abort")).values()) == {"done"}
+
+    await eventually(all_done, timeout_s=120, interval_s=1, what="both nodes done")
+
+    async def dropped() -> bool:
+        return await _pod_uid(kapi, ns, pod["metadata"]["name"]) is None
+
+    # Once no replica can be about to create it any more (MIN_POD_AGE_S).
+    await eventually(dropped, timeout_s=60, what="the retry to drop the aborted pod")
 
 
 async def test_cordons_of_others_survive_and_two_crs_do_not_uncordon_each_others_work(

@@ -278,7 +278,7 @@ def test_an_unpullable_image_fails_after_the_grace_period_naming_the_image() -> 
     assert "ghcr.io/x:0.9.0" in reason.message
 
 
-def test_a_stage_running_past_its_timeout_fails_and_its_pod_is_deleted() -> None:
+def test_a_stage_running_past_its_timeout_fails_and_its_pod_is_stopped_and_kept() -> None:
     cr = nodewright(stageTimeoutSeconds=60)
     d1 = core.decide(cr=cr, node=_facts(), node_pods=[], now=T0)
     req = d1.create[0]
@@ -291,16 +291,23 @@ def test_a_stage_running_past_its_timeout_fails_and_its_pod_is_deleted() -> None
     reason = _rec(d2).packages["nvidia-tuned"].reason
     assert reason is not None
     assert reason.code == "StageTimeout"
-    assert d2.delete == (req.name,)
-    # The pod outlived that pass (too young to delete, or its delete met a newer version):
-    # the failed stage does not keep it for its logs; it goes, and its steps with it.
-    d3 = core.decide(
-        cr=cr,
-        node=_facts(_rec(d2)),
-        node_pods=[_pod(req, "Running")],
-        now=T0 + timedelta(seconds=70),
+    # Stopped, not deleted: its steps end with it, and what it printed stays readable.
+    assert (d2.stop, d2.delete) == ((req.name,), ())
+
+    def later(pod: PodView) -> core.Decision:
+        return core.decide(
+            cr=cr, node=_facts(_rec(d2)), node_pods=[pod], now=T0 + timedelta(seconds=70)
+        )
+
+    # The pod outlived that pass (the stop met a newer version of it): stopped again.
+    assert (later(_pod(req, "Running")).stop, later(_pod(req, "Running")).delete) == (
+        (req.name,),
+        (),
     )
-    assert d3.delete == (req.name,)
+    stopping = later(_pod(req, "Running", stopping=True))
+    assert (stopping.stop, stopping.delete) == ((), ()), "asked once; the kubelet ends it"
+    ended = later(_pod(req, "Failed", stopping=True, over=True, exit_code=143))
+    assert (ended.stop, ended.delete, ended.record) == ((), (), Keep()), "kept for its logs"
 
 
 def test_a_stage_running_in_a_pod_of_a_replaced_image_starts_over_with_the_new_one() -> None:

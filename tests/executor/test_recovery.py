@@ -4,6 +4,7 @@ are recorded so each request is honoured once."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -297,6 +298,108 @@ def test_a_failed_interrupt_is_retried_as_a_new_attempt_with_a_new_pod() -> None
         cr=cr, node=_facts(_rec(started)), node_pods=[pod], now=NOW, requests=reqs
     )
     assert watching.delete == ()
+
+
+def test_abort_fails_the_running_stage_says_so_and_stops_its_pod_then_retry_runs_it() -> None:
+    cr = nodewright()
+    first = core.decide(cr=cr, node=_facts(), node_pods=[], now=T0)
+    (req1,) = first.create
+    running = [_view(req1, "Running")]
+    reqs = _requests(("abort", "", ""))
+
+    honoured = core.decide(
+        cr=cr,
+        node=_facts(_rec(first), drain=_drained(1)),
+        node_pods=running,
+        now=NOW,
+        requests=reqs,
+    )
+    rec = _rec(honoured)
+    r = rec.packages[PKG]
+    assert (rec.honoured, r.state, r.attempt) == (1, "failed", 1)
+    assert r.reason is not None
+    assert r.reason.code == "StageAborted"
+    assert "nodewright node retry" in r.reason.message
+    (said,) = honoured.publish
+    assert (said.kind, getattr(said, "stage", None)) == ("stage.failed", "apply")
+    assert progress.turn(cr, _facts(rec)) == "failed"
+    assert (honoured.create, honoured.delete, honoured.stop) == ((), (), ())
+
+    after = core.decide(
+        cr=cr, node=_facts(rec, drain=_drained(1)), node_pods=running, now=NOW, requests=reqs
+    )
+    assert (after.create, after.delete, after.stop) == ((), (), (req1.name,))
+    assert after.record == Keep()
+    # A second abort finds nothing running: it only moves the mark.
+    again = _requests(("abort", "", ""), ("abort", "", ""))
+    twice = core.decide(
+        cr=cr, node=_facts(rec, drain=_drained(2)), node_pods=running, now=NOW, requests=again
+    )
+    assert _rec(twice).packages == rec.packages
+    assert twice.publish == ()
+
+    retried = _requests(("abort", "", ""), ("retry", "", ""))
+    honoured = core.decide(
+        cr=cr, node=_facts(rec, drain=_drained(2)), node_pods=running, now=NOW, requests=retried
+    )
+    rec2 = _rec(honoured)
+    assert (rec2.packages[PKG].state, rec2.packages[PKG].attempt) == ("running", 2)
+    stopped = [replace(running[0], phase="Failed", stopping=True, over=True)]
+    again2 = core.decide(
+        cr=cr, node=_facts(rec2, drain=_drained(2)), node_pods=stopped, now=NOW, requests=retried
+    )
+    (req2,) = again2.create
+    assert req2.attempt == 2
+    assert again2.delete == (req1.name,), "the retry drops the aborted attempt's pod"
+
+
+def test_abort_of_one_package_leaves_the_others_running() -> None:
+    other = _pkg(state="running", reason=None)
+    rec = ExecutorRecord(packages={PKG: _pkg(state="running", reason=None), "other": other})
+    reqs = _requests(("abort", "other", ""))
+    cr = nodewright(
+        packages={
+            PKG: {"version": "0.9.0", "image": "r/t"},
+            "other": {"version": "0.9.0", "image": "r/o"},
+        }
+    )
+    honoured = _rec(
+        core.decide(
+            cr=cr, node=_facts(rec, drain=_drained(1)), node_pods=[], now=NOW, requests=reqs
+        )
+    )
+    assert honoured.packages[PKG].state == "running"
+    assert honoured.packages["other"].state == "failed"
+
+
+def test_abort_fails_a_running_interrupt_with_every_package_it_was_merged_for() -> None:
+    cr = nodewright(
+        packages={
+            PKG: {"version": "0.9.0", "image": "r/t", "interrupt": {"type": "reboot"}},
+            "other": {"version": "0.9.0", "image": "r/o", "interrupt": {"type": "reboot"}},
+        }
+    )
+    at = _pkg(stage="interrupt", state="running", reason=None, interrupt="reboot")
+    rec = ExecutorRecord(
+        packages={PKG: at, "other": at},
+        interrupt=InterruptRecord(
+            type="reboot", state="running", packages=(PKG, "other"), started=T0
+        ),
+    )
+    reqs = _requests(("abort", PKG, ""))
+    out = core.decide(
+        cr=cr, node=_facts(rec, drain=_drained(1)), node_pods=[], now=NOW, requests=reqs
+    )
+    honoured = _rec(out)
+    assert honoured.interrupt is not None
+    assert honoured.interrupt.state == "failed"
+    assert {n: r.state for n, r in honoured.packages.items()} == {PKG: "failed", "other": "failed"}
+    assert sorted(getattr(e, "package", "") for e in out.publish) == [PKG, "other"]
+    # A retry runs the interrupt again as a new attempt (its reboot had been asked for).
+    retried = _requests(("abort", PKG, ""), ("retry", "", ""))
+    again = _rec(core.decide(cr=cr, node=_facts(honoured), node_pods=[], now=NOW, requests=retried))
+    assert again.interrupt is None
+    assert {r.state for r in again.packages.values()} == {"running"}
 
 
 def test_reset_forgets_the_record_and_the_next_pass_starts_over() -> None:

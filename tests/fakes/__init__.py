@@ -18,6 +18,7 @@ from typing import Any
 
 from shared import events, nodepins
 from shared.decisions import PodRef
+from shared.nodeshell import STOP_DEADLINE_S
 
 JSON = dict[str, Any]
 
@@ -123,6 +124,19 @@ class FakeObjects:
             return False
         del self.objects[("Pod", pod.name)]
         self.deleted.append(pod.name)
+        return True
+
+    stopped: list[str] = field(default_factory=list)
+
+    async def stop_pod(self, pod: PodRef) -> bool:
+        current = self.objects.get(("Pod", pod.name))
+        if current is None:
+            return True
+        if pod.uid and pod.uid != current["metadata"].get("uid", pod.uid):
+            self.conflicts.append(pod.name)
+            return False
+        current.setdefault("spec", {})["activeDeadlineSeconds"] = STOP_DEADLINE_S
+        self.stopped.append(pod.name)
         return True
 
 

@@ -403,6 +403,26 @@ async def test_a_settled_pod_is_deleted_without_a_fence_write() -> None:
     assert len(nodes.confirms) == 1, "one pod not settled: the decision is fenced"
 
 
+async def test_a_stop_keeps_the_pod_asks_for_no_fence_and_names_the_pod_decided_on() -> None:
+    """A stage that timed out or was aborted: its pod is stopped (the kubelet ends it once
+    its activeDeadlineSeconds is past) and kept for its logs; the record that says so is
+    already written, so no fence; a namesake (another UID) is left alone, decided again."""
+    nodes = _nodes()
+    body, ref = _old_pod("apply")
+    objects = FakeObjects(objects={("Pod", "apply"): body})
+    stop = NodeDecision(owner=nodestate.EXECUTOR, cr=CR, node="n1", fence=True, stop=(ref,))
+    assert await nodeshell.apply(stop, nodes=nodes, objects=objects, bus=FakeBus()) is None
+    assert (nodes.patches, nodes.confirms, objects.deleted) == ([], [], [])
+    assert objects.stopped == ["apply"]
+    kept = objects.objects[("Pod", "apply")]
+    assert kept["spec"]["activeDeadlineSeconds"] == nodeshell.STOP_DEADLINE_S
+    namesake, _ = _old_pod("apply", uid="u9")
+    objects.objects[("Pod", "apply")] = namesake
+    got = await nodeshell.apply(stop, nodes=nodes, objects=objects, bus=FakeBus())
+    assert got == nodeshell.STALE_RETRY_S
+    assert objects.conflicts == ["apply"]
+
+
 class _DownBus(FakeBus):
     """NATS away: nothing is taken."""
 

@@ -95,7 +95,18 @@ class Node:
             self.pods.setdefault(req.name, body)
         for name in d.delete:
             self.pods.pop(name, None)
+        for name in d.stop:
+            # What the kubelet does once activeDeadlineSeconds is past: the pod ends, Failed.
+            self.pods[name]["spec"]["activeDeadlineSeconds"] = 1
+            self.pods[name]["status"]["phase"] = "Failed"
         return d
+
+    def stopped(self) -> bool:
+        """The one pod was stopped and kept (for its logs)."""
+        pod = self.the_pod()
+        return bool(
+            pod["spec"].get("activeDeadlineSeconds") == 1 and pod["status"]["phase"] == "Failed"
+        )
 
     def run_validator(self, now: datetime) -> validator_core.Decision:
         d = validator_core.decide(
@@ -279,7 +290,7 @@ def test_a_stage_after_the_first_times_out_from_its_own_start() -> None:
     assert (r.stage, r.state) == ("config", "failed")
     assert r.reason is not None
     assert r.reason.code == "StageTimeout"
-    assert n.pods == {}, "a timed-out stage is stopped"
+    assert n.stopped(), "a timed-out stage is stopped, its pod kept for its logs"
 
 
 def test_a_check_between_two_stages_that_times_out_stops_the_pod() -> None:
@@ -294,7 +305,7 @@ def test_a_check_between_two_stages_that_times_out_stops_the_pod() -> None:
     assert v.reason is not None
     assert v.reason.code == "CheckTimeout"
     n.run(_at(230))
-    assert n.pods == {}
+    assert n.stopped()
 
 
 def test_a_cycle_with_an_interrupt_runs_it_after_the_segment() -> None:

@@ -556,12 +556,27 @@ async def test_a_packages_env_reaches_its_steps_and_a_missing_secret_is_named(
     assert _host(real_node, "/etc/envy.txt").read_text() == "hello|s3cret\n"
 
 
+async def _stopped_pod(kapi: Kube, ns: str, cr: str) -> dict[str, Any]:
+    """The one pod of ``cr``, once the kubelet ended it for the deadline the executor set
+    (a stage that timed out or was aborted): kept, for its logs."""
+
+    async def ended() -> dict[str, Any] | Pending:
+        listed = await kapi.get(path_of(plural="pods", namespace=ns))
+        ours = [p for p in listed["items"] if p["metadata"]["labels"].get(pods.LABEL_CR) == cr]
+        phases = [(p["status"].get("phase"), p["status"].get("reason")) for p in ours]
+        if len(ours) == 1 and phases[0] == ("Failed", "DeadlineExceeded"):
+            return dict(ours[0])
+        return Pending(f"pods {phases}")
+
+    return await eventually(ended, timeout_s=60, what=f"the stopped pod of {cr}, kept")
+
+
 async def test_a_stage_past_its_timeout_fails_and_its_step_stops_on_the_host(
     rig: Rig, cluster: Kube, services: Services, real_node: RealNode, tmp_path: Path
 ) -> None:
     """A step that hangs: the stage fails with StageTimeout, and the step's process (the
     host's, with hostPID) is stopped with its pod, within gracefulShutdownSeconds, not left
-    running after the failure."""
+    running after the failure; the pod is kept, ended, for its logs."""
     kapi, node = cluster, real_node.name
     hang = "#!/bin/sh\necho $$ > /etc/hang.pid\nexec sleep 3600\n"
     image = await _one_step(real_node, tmp_path, "hang", hang)
@@ -584,6 +599,73 @@ async def test_a_stage_past_its_timeout_fails_and_its_step_stops_on_the_host(
         return not _running(pid)
 
     await eventually(stopped, timeout_s=30, interval_s=0.5, what="the hung step to be stopped")
+    pod = await _stopped_pod(kapi, services.namespace, "hang")
+    logs = await cli(rig, "package", "logs", "hang", "--node", node, "-n", services.namespace)
+    assert logs.code == 0, logs.err
+    assert f"==> pod {pod['metadata']['name']}" in logs.out, "kept for what it printed"
+
+
+async def test_node_abort_stops_a_hung_stage_now_keeps_its_logs_and_retry_runs_it_again(
+    rig: Rig, cluster: Kube, services: Services, real_node: RealNode, tmp_path: Path
+) -> None:
+    """A step hangs and its timeout is the default half hour. ``nodewright node abort``
+    fails the stage at once (StageAborted), the kubelet stops its pod (the step's process
+    on the host with it) and the pod stays, so ``nodewright package logs`` still prints
+    what the step said; ``nodewright node retry`` runs it again and the rollout completes.
+    The services run as their own ServiceAccounts: the chart's RBAC lets the executor stop
+    a pod."""
+    kapi, node, ns = cluster, real_node.name, services.namespace
+    hang = (
+        "#!/bin/sh\n"
+        "if [ -e /etc/abort.once ]; then echo 'second run, done'; exit 0; fi\n"
+        "touch /etc/abort.once\necho $$ > /etc/abort.pid\necho 'waiting for a lock'\n"
+        "exec sleep 3600\n"
+    )
+    image = await _one_step(real_node, tmp_path, "hang", hang)
+    services.fleet.rbac = True
+    await asyncio.to_thread(services.fleet.start_all)
+    package = {"version": "1.0.0", "image": image, "gracefulShutdownSeconds": 5}
+    await manifests.apply(kapi, _cr("abort", {"hang": package}))
+    pid = await _pid_written(real_node, "/etc/abort.pid", timeout_s=120)
+    assert b"sleep" in _process(pid)[0], "the step's own process, seen on the host"
+
+    nothing = await cli(rig, "node", "abort", node, "--nodewright", "abort", "--package", "nope")
+    assert (nothing.code, nothing.out) == (1, ""), nothing
+    assert "no package nope has run on node" in nothing.err
+    asked = await cli(rig, "node", "abort", node)
+    assert asked.code == 0, asked.err
+    assert f"Requested abort #1 of NodeWright abort on node {node}" in asked.out, asked.out
+    assert "package hang 1.0.0 stage apply (attempt 1) fails" in asked.out, asked.out
+
+    reason = await _failure(kapi, "abort", node, "hang")
+    assert reason.code == "StageAborted", reason
+    assert "nodewright node retry" in reason.message
+
+    async def stopped() -> bool:
+        return not _running(pid)
+
+    await eventually(stopped, timeout_s=30, interval_s=0.5, what="the hung step to be stopped")
+
+    pod = await _stopped_pod(kapi, ns, "abort")
+    logs = await cli(rig, "package", "logs", "hang", "--node", node, "-n", ns)
+    assert logs.code == 0, logs.err
+    assert "waiting for a lock" in logs.out, logs.out
+    again = await cli(rig, "node", "abort", node)
+    assert again.code == 1, again
+    assert "nothing runs, nothing to abort" in again.out
+    assert "nothing runs on node" in again.err
+
+    retried = await cli(rig, "node", "retry", node)
+    assert retried.code == 0, retried.err
+    await _wait_ready(kapi, "abort", "the retried stage to complete")
+    rec = (await _executor(kapi, node, "abort")).packages["hang"]
+    assert (rec.installed, rec.attempt, rec.reason) == ("1.0.0", 2, None)
+
+    async def dropped() -> bool:
+        listed = await kapi.get(path_of(plural="pods", namespace=ns))
+        return pod["metadata"]["name"] not in {p["metadata"]["name"] for p in listed["items"]}
+
+    await eventually(dropped, timeout_s=60, what="the retry to drop the aborted attempt's pod")
 
 
 async def test_a_hung_stage_starts_over_at_once_when_its_image_is_fixed(
