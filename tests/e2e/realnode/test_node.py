@@ -2,7 +2,8 @@
 waited for) with kubelet really stopping them, interrupts judged as on any node, pods
 reaching the API server through the ``kubernetes`` Service, ``kubectl logs``, a node behind
 the runtime-required taint running workloads only once validated, the interrupts of two
-packages merged into one reboot, and the rig leaving nothing behind on the machine."""
+packages merged into one reboot, a deleted NodeWright uninstalling through a reboot, and the
+rig leaving nothing behind on the machine."""
 
 from __future__ import annotations
 
@@ -548,3 +549,75 @@ async def test_a_reboot_and_a_service_restart_of_two_packages_merge_into_one_reb
     assert "systemctl" not in calls, calls
     for name in ("svc", "rb"):
         assert _host(real_node, f"/var/tmp/after-{name}").read_text() == "ran\n", name
+
+
+async def test_deleting_a_nodewright_uninstalls_its_package_through_a_reboot_then_it_is_gone(
+    rig: Rig, cluster: Kube, services: Services, real_node: RealNode, tmp_path: Any
+) -> None:
+    """A package that needs a reboot, installed, then its NodeWright deleted: the finalizer
+    holds it while the node runs the package's ``uninstall`` (removing what ``apply`` put on
+    the host), its check, and the reboot again; the reboot counts once the boot ID changes,
+    then the package is forgotten, the node uncordoned and the NodeWright gone."""
+    kapi, node = cluster, real_node.name
+    marker = "/var/tmp/rbu-installed"
+    stages = {
+        "apply": {
+            "steps": [{"name": "put", "path": "put.sh"}],
+            "check": [{"name": "there", "path": "there.sh"}],
+        },
+        "uninstall": {
+            "steps": [{"name": "remove", "path": "remove.sh"}],
+            "check": [{"name": "gone", "path": "gone.sh"}],
+        },
+    }
+    steps = {
+        "put.sh": f"#!/bin/sh\necho 1.0.0 > {marker}\n",
+        "there.sh": f"#!/bin/sh\ntest -s {marker}\n",
+        "remove.sh": f"#!/bin/sh\nrm -f {marker}\n",
+        "gone.sh": f"#!/bin/sh\ntest ! -e {marker}\n",
+    }
+    pkg = _package(tmp_path, "rbu", "1.0.0", stages=stages, steps=steps)
+    await _load(real_node, pkg, "registry.example/rbu:1.0.0", tmp_path)
+    await asyncio.to_thread(services.fleet.start_all)
+    before = _recorded(real_node).count("reboot")
+
+    async def reboots(n: int) -> None:
+        async def called() -> bool:
+            return _recorded(real_node).count("reboot") - before >= n
+
+        await eventually(called, timeout_s=180, what=f"reboot number {n} on the host")
+
+    package = {
+        "version": "1.0.0",
+        "image": "registry.example/rbu",
+        "interrupt": {"type": "reboot"},
+        "uninstall": {"enabled": True},
+    }
+    await manifests.apply(kapi, _cr("rbu", {"rbu": package}))
+    await reboots(1)
+    await asyncio.to_thread(real_node.simulate_reboot, rig._spawn)
+    await _wait_ready(kapi, "rbu", "the install through its reboot")
+    assert _host(real_node, marker).read_text() == "1.0.0\n"
+
+    await kapi.delete(f"{manifests.NODEWRIGHTS}/rbu")
+    await reboots(2)
+    assert not _host(real_node, marker).exists(), "uninstall ran before its reboot"
+    held = await read_cr(kapi, "rbu")
+    assert held.metadata.deletion_timestamp is not None, "the finalizer holds it meanwhile"
+    await asyncio.to_thread(real_node.simulate_reboot, rig._spawn)
+
+    async def gone() -> bool:
+        try:
+            await kapi.get(f"{manifests.NODEWRIGHTS}/rbu")
+        except ApiError as exc:
+            if exc.not_found:
+                return True
+            raise
+        return False
+
+    await eventually(gone, timeout_s=180, what="the NodeWright gone after its uninstall")
+    raw = await kapi.get(f"{NODES}/{node}")
+    assert not raw["spec"].get("unschedulable"), "uncordoned"
+    rec = nodestate.read(raw, nodestate.EXECUTOR, "rbu", ExecutorRecord)
+    assert rec is None or "rbu" not in rec.packages, rec
+    assert _recorded(real_node).count("reboot") - before == 2
