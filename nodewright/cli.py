@@ -591,6 +591,7 @@ def node_abort(
         nodewright=nodewright,
         package=package,
         dry_run=dry_run,
+        namespace=_namespace(ctx),
     )
 
 

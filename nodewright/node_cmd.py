@@ -310,7 +310,9 @@ def describe(v: CrView, node: dict[str, Any], parts: Sequence[pods.PodView] = ()
         marks = {
             "drainer": f.drain.honoured if f.drain is not None else None,
             "executor": f.executor.honoured,
-            "validator": f.validator.honoured,
+            # A blank validator record has nothing to honour (the executor does not wait
+            # for it either): it takes the newest mark when it first writes.
+            "validator": None if progress.validation_blank(f) else f.validator.honoured,
         }
         behind = [s for s, m in marks.items() if m is not None and m < last.seq]
         lines.append(
@@ -574,9 +576,10 @@ async def retry(client: Kube, node_name: str, only: str, dry_run: DryRun) -> Non
         )
 
 
-def running(v: CrView, package: str = "") -> list[str]:
+def running(v: CrView, package: str = "", parts: Sequence[pods.PodView] = ()) -> list[str]:
     """What runs for the NodeWright on the node, as abort would stop it (of ``package``
-    only, when given)."""
+    only, when given; ``parts``: the NodeWright pods' parts on the node, to say which stage
+    a pod has reached past its record's)."""
     f = v.facts
     out: list[str] = []
     intr = f.executor.interrupt
@@ -590,12 +593,22 @@ def running(v: CrView, package: str = "") -> list[str]:
     for name, r in sorted(f.executor.packages.items()):
         if r.state != "running" or name in merged or (package and name != package):
             continue
-        out.append(f"package {name} {r.version} stage {r.stage} (attempt {r.attempt}) fails")
+        now = pod_now(name, r, parts)
+        if now is None:
+            out.append(f"package {name} {r.version} stage {r.stage} (attempt {r.attempt}) fails")
+        else:
+            out.append(
+                f"package {name} {r.version} stage {now.stage} (attempt {r.attempt}; in pod "
+                f"{now.name}: {pods.doing(now)}) fails"
+            )
     return out
 
 
-async def abort(client: Kube, node_name: str, only: str, package: str, dry_run: DryRun) -> None:
+async def abort(
+    client: Kube, node_name: str, only: str, package: str, dry_run: DryRun, namespace: str = ""
+) -> None:
     node = await get_node(client, node_name)
+    parts = await pod_parts(client, namespace, node_name)
     crs = chosen(node, only)
     if package:
         known = {n for cr in crs for n in progress.facts(node, cr).executor.packages}
@@ -607,7 +620,7 @@ async def abort(client: Kube, node_name: str, only: str, package: str, dry_run: 
     asked = 0
     verb = "Would request" if dry_run != "none" else "Requested"
     for name in crs:
-        todo = running(view(node, name, None), package)
+        todo = running(view(node, name, None), package, [p for p in parts if p.cr == name])
         if not todo:
             _say(f"NodeWright {name} on node {node_name}: nothing runs, nothing to abort.")
             continue
@@ -620,11 +633,10 @@ async def abort(client: Kube, node_name: str, only: str, package: str, dry_run: 
             "  Its pods are stopped and kept for their logs (`nodewright package logs PKG "
             f"--node {node_name}`); `nodewright node retry {node_name}` runs it again."
         )
-    if not asked:
+    if not asked and only:
         raise CommandError(
-            f"nothing runs on node {node_name}"
-            + (f" for NodeWright {only}" if only else "")
-            + f" to abort (`nodewright node status {node_name}` shows where it stands)"
+            f"nothing runs for NodeWright {only} on {node_name} (`nodewright node status "
+            f"{node_name}` shows where it stands)"
         )
 
 
@@ -635,11 +647,12 @@ def run_abort(
     nodewright: str = "",
     package: str = "",
     dry_run: DryRun = "none",
+    namespace: str = "",
 ) -> None:
     """Run ``node abort``; CommandError says what went wrong."""
 
     async def command(client: Kube) -> None:
-        await abort(client, node, nodewright, package, dry_run)
+        await abort(client, node, nodewright, package, dry_run, namespace)
         note = dry_run_note(dry_run)
         if note:
             _say(note)

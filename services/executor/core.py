@@ -898,8 +898,11 @@ def honour(
     desired: Mapping[str, Desired],
     checks: progress.Verdicts,
     now: datetime,
+    reached: Mapping[str, str] | None = None,
 ) -> ExecutorRecord:
-    """``record`` after the recovery requests newer than its mark, marked as honoured."""
+    """``record`` after the recovery requests newer than its mark, marked as honoured.
+    ``reached``: by package, the stage its running pod has reached, when past the record's
+    (a segment pod's later stages are not written when they start): what an abort fails."""
 
     def step(rec: ExecutorRecord, req: Request) -> ExecutorRecord:
         match req.action:
@@ -910,14 +913,17 @@ def honour(
             case "rerun":
                 return _rerun(rec, desired, req, now)
             case "abort":
-                return _abort(rec, req, now)
+                return _abort(rec, req, now, reached or {})
 
     return recovery.honour(record, requests, step)
 
 
-def _abort(record: ExecutorRecord, req: Request, now: datetime) -> ExecutorRecord:
+def _abort(
+    record: ExecutorRecord, req: Request, now: datetime, reached: Mapping[str, str]
+) -> ExecutorRecord:
     """``record`` with what runs now failed, reason StageAborted: the running stage of
-    ``req.package`` (of every package when it names none), and the running interrupt of
+    ``req.package`` (of every package when it names none; the stage its pod has
+    ``reached``, as a failure there would be recorded), and the running interrupt of
     those packages (with every package it was merged for, as its timeout would). Their
     pods are stopped and kept by the passes after (:func:`_stopped`); what a stage already
     did on the host stays done, and a reboot already asked for happens anyway."""
@@ -928,7 +934,7 @@ def _abort(record: ExecutorRecord, req: Request, now: datetime) -> ExecutorRecor
             code=reasons.STAGE_ABORTED,
             message=(
                 f"{what} stopped by {who} (`nodewright node abort`, request {req.seq}); its "
-                "pod is kept, stopped, for its logs; `nodewright node retry` runs it again"
+                "pod is kept for its logs; `nodewright node retry` runs it again"
             ),
             details={"request": str(req.seq), "by": who},
         )
@@ -950,8 +956,9 @@ def _abort(record: ExecutorRecord, req: Request, now: datetime) -> ExecutorRecor
                 packages[n] = update(packages[n], state="failed", reason=why, updated=now)
     for name, r in record.packages.items():
         if chosen(name) and packages[name].state == "running":
-            why = reason(f"stage {r.stage} of {name} {r.version}")
-            packages[name] = update(r, state="failed", reason=why, updated=now)
+            stage = reached.get(name, r.stage)
+            why = reason(f"stage {stage} of {name} {r.version}")
+            packages[name] = update(r, stage=stage, state="failed", reason=why, updated=now)
     return update(record, packages=packages, interrupt=interrupt)
 
 
@@ -988,6 +995,20 @@ def forget(node: NodeFacts, cr: str) -> Decision:
     if record == ExecutorRecord() or any(p.installed for p in record.packages.values()):
         return Decision()
     return Decision(record=Remove())
+
+
+def _reached(cr: api.NodeWright, node: NodeFacts, node_pods: Sequence[PodView]) -> dict[str, str]:
+    """By running package, the stage its pod has reached past the record's stage (a
+    segment pod runs the stages after its first without a write)."""
+    mine = [p for p in node_pods if p.cr == cr.metadata.name and p.node == node.name]
+    out: dict[str, str] = {}
+    for name, r in node.executor.packages.items():
+        if r.state != "running":
+            continue
+        part = pods.past_first(mine, progress.pod_key(name, r))
+        if part is not None:
+            out[name] = part.stage
+    return out
 
 
 def _emitter(cr: api.NodeWright, node: NodeFacts, now: datetime, source: str) -> events.Emitter:
@@ -1043,6 +1064,7 @@ def decide(
             desired=progress.desired(cr),
             checks=node.validator.checks,
             now=now,
+            reached=_reached(cr, node, node_pods),
         )
         out = _emitter(cr, node, now, source)
         _aborted(node.executor, honoured, out)

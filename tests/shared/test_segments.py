@@ -293,6 +293,35 @@ def test_a_stage_after_the_first_times_out_from_its_own_start() -> None:
     assert n.stopped(), "a timed-out stage is stopped, its pod kept for its logs"
 
 
+def test_an_abort_fails_the_stage_the_pod_has_reached_and_a_retry_runs_it_again() -> None:
+    """The pod runs config (apply and its check passed, unwritten): ``nodewright node
+    abort`` fails config, where the pod is, not apply, the record's last written stage; the
+    pod is stopped and kept; the retry runs config again as attempt 2."""
+    n = Node()
+    n.run(_at(0))
+    n.progress(0, 0, None, at=_at(10))  # config runs since 8 s
+    n.run(_at(10))
+    assert (n.executor.packages[PKG].stage, n.executor.packages[PKG].state) == (
+        "apply",
+        "running",
+    )
+    n.requests = nodestate.add_request(None, Request(seq=0, action="abort", at=_at(20)))
+    n.run(_at(20))
+    r = n.executor.packages[PKG]
+    assert (r.stage, r.state, r.attempt) == ("config", "failed", 1)
+    assert r.reason is not None
+    assert r.reason.code == "StageAborted"
+    assert ("stage.failed", "config") in n.kinds()
+    assert n.stopped()
+    n.requests = nodestate.add_request(n.requests, Request(seq=0, action="retry", at=_at(30)))
+    n.run(_at(30))
+    n.run(_at(31))
+    fresh = [p for p in n.pods.values() if p["spec"].get("activeDeadlineSeconds") is None]
+    (pod,) = fresh
+    assert pod["metadata"]["annotations"][pods.ANN_STAGES] == "config"
+    assert n.executor.packages[PKG].attempt == 2
+
+
 def test_a_check_between_two_stages_that_times_out_stops_the_pod() -> None:
     """Its pod would otherwise go on to the next stage once the check ended, on a node whose
     record says the check failed."""

@@ -651,9 +651,11 @@ async def test_node_abort_stops_a_hung_stage_now_keeps_its_logs_and_retry_runs_i
     assert logs.code == 0, logs.err
     assert "waiting for a lock" in logs.out, logs.out
     again = await cli(rig, "node", "abort", node)
-    assert again.code == 1, again
-    assert "nothing runs, nothing to abort" in again.out
-    assert "nothing runs on node" in again.err
+    assert (again.code, again.err) == (0, ""), again
+    assert f"NodeWright abort on node {node}: nothing runs, nothing to abort." in again.out
+    named = await cli(rig, "node", "abort", node, "--nodewright", "abort")
+    assert named.code == 1, named
+    assert f"nodewright: nothing runs for NodeWright abort on {node}" in named.err, named.err
 
     retried = await cli(rig, "node", "retry", node)
     assert retried.code == 0, retried.err
