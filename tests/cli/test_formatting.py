@@ -664,3 +664,39 @@ def test_a_dry_run_says_what_would_have_changed(verb: str, first: str) -> None:
         "gpu", lifecycle_cmd.SWITCHES[verb], {}, changed=True, dry_run="client"
     )
     assert lines[0].startswith(first + ": ")
+
+
+@pytest.mark.parametrize(
+    ("validator", "says"),
+    [
+        pytest.param(None, "honoured", id="blank-validator-has-nothing-to-honour"),
+        pytest.param(
+            ValidatorRecord(checks={"tuning/1.0.0/apply": CheckRecord(verdict="passed", at=T0)}),
+            "not yet honoured by validator",
+            id="validator-with-verdicts-behind",
+        ),
+    ],
+)
+def test_node_status_names_only_the_services_behind_a_request_that_have_something_to_honour(
+    validator: ValidatorRecord | None, says: str
+) -> None:
+    """A blank validator record has nothing to honour: it takes the newest mark when it first
+    writes (the executor does not wait for it either)."""
+    records: dict[str, msgspec.Struct] = {
+        nodestate.SCHEDULER: _selection(),
+        nodestate.EXECUTOR: ExecutorRecord(
+            packages={"tuning": _pkg("apply", "failed")}, honoured=1
+        ),
+    }
+    if validator is not None:
+        records[nodestate.VALIDATOR] = validator
+    obj = node("n-a", records=records)
+    requests = nodestate.add_request(None, nodestate.Request(seq=0, action="abort", at=T0))
+    obj["metadata"]["annotations"][nodestate.key(nodestate.REQUESTS, "gpu-node-tuning")] = (
+        msgspec.json.encode(requests).decode()
+    )
+    cr = _cr()
+    lines = node_cmd.describe(node_cmd.view(obj, cr.metadata.name, cr), obj)
+    (line,) = [x for x in lines if x.startswith("  last request:")]
+    assert line.startswith("  last request: #1 abort by ? at")
+    assert line.endswith(f"; {says}"), line
