@@ -26,7 +26,8 @@ import msgspec
 from nodewright import manifests, node_cmd, output
 from nodewright.connecting import CommandError, Target, run
 from nodewright.node_cmd import DryRun
-from shared import api, progress
+from shared import api, progress, reasons
+from shared.events import Reason
 from shared.kube import ApiError, Kube, path_of
 from shared.rollout import kernel, rules, simulation
 from shared.rollout.book import RESET_ANNOTATION, CompartmentBatch, read_batch_book
@@ -124,6 +125,7 @@ def document(
                 "batch": msgspec.to_builtins(
                     book.compartments.get(c.name, CompartmentBatch()).state
                 ),
+                "soakingUntil": _soaking_until(c.unopened),
             }
             for c in first.compartments
         ],
@@ -141,6 +143,13 @@ def document(
     }
 
 
+def _soaking_until(wait: Reason | None) -> str | None:
+    """The end of the compartment's soak (``batchSoakSeconds``) when it soaks now."""
+    if wait is None or wait.code != reasons.BATCH_SOAKING:
+        return None
+    return wait.details.get("until")
+
+
 def compartment_state(c: Mapping[str, Any], batches: Sequence[Mapping[str, Any]]) -> str:
     """What a compartment does now, in words: stopped (and why), a batch in flight, batches
     to come, or nothing left."""
@@ -149,6 +158,9 @@ def compartment_state(c: Mapping[str, Any], batches: Sequence[Mapping[str, Any]]
         return f"stopped ({b.get('stopReason') or 'Stopped'})"
     if b.get("batchSize"):
         return "batch in flight"
+    if c.get("soakingUntil"):
+        until = datetime.fromisoformat(c["soakingUntil"])
+        return f"soaking until {until.isoformat(timespec='seconds')}"
     if any(x["compartment"] == c["name"] for x in batches):
         return "next batch pending"
     return "done" if not c["busyNodes"] else "finishing"

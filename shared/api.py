@@ -1033,6 +1033,11 @@ class Rollout(_Model, frozen=True, kw_only=True):
     blocked_nodes_count_as_failed: bool = False
     """Count nodes of a batch that turn out Blocked (ignore label, untolerated taint) as failed
     for the success gate. false: they are left out of the batch's accounting."""
+    batch_soak_seconds: Annotated[int, msgspec.Meta(ge=0, le=604800)] = 0
+    """Seconds to wait after a batch finished before the next batch of this compartment
+    opens: a soak (bake) time to watch the nodes just changed, alerts and workloads on them,
+    before more nodes are touched; pause the NodeWright meanwhile to hold the rollout there.
+    Nodes waiting for it say BatchSoaking, until when. 0: the next batch opens at once."""
 
 
 class Compartment(Rollout, frozen=True, kw_only=True):

@@ -37,6 +37,9 @@ BUDGET_EXHAUSTED: Final = "BudgetExhausted"
 CLUSTER_BUDGET_EXHAUSTED: Final = "ClusterBudgetExhausted"
 SHARED_BUDGET_EXHAUSTED: Final = "SharedBudgetExhausted"
 WAITING_FOR_BATCH: Final = "WaitingForBatch"
+BATCH_SOAKING: Final = "BatchSoaking"
+"""The compartment's last batch finished less than ``batchSoakSeconds`` ago: the next one
+opens once it has soaked (``details.until``)."""
 ADMITTING: Final = "Admitting"
 """Due: the scheduler's decision admits the node, and writes the admission next."""
 
@@ -51,6 +54,7 @@ COMPARTMENT_WAITS: Final = (
     PAUSED,
     WAITING_FOR_PRIORITY,
     WAITING_FOR_WINDOW,
+    BATCH_SOAKING,
     BUDGET_EXHAUSTED,
     CLUSTER_BUDGET_EXHAUSTED,
     SHARED_BUDGET_EXHAUSTED,

@@ -451,6 +451,10 @@ class Scheduler:
         elif finalizer.action == "remove":
             self.controller.queue.add(name, after=0.5)
             return None
+        wake = outcome.plan.wake_at
+        if wake is not None:
+            # A soak ends with no change to wake the pass: decide again then.
+            return min(self.ctx.settings.resync_interval_s, max(0.1, (wake - now).total_seconds()))
         return self.ctx.settings.resync_interval_s
 
     async def _add_finalizer(self, cr: api.NodeWright) -> api.NodeWright | None:

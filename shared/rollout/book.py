@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Final
 
 import msgspec
@@ -44,6 +45,9 @@ class CompartmentBatch(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
     cut off is made again with the same order, so orders have no gap. Empty in a book
     written before the field existed: the admissions then take the next of
     :attr:`BatchBook.admitted`."""
+    finished: datetime | None = None
+    """When the last batch finished (the pass that judged it), between batches: the next
+    one opens ``batchSoakSeconds`` after it. None during a batch and before the first."""
 
 
 class BatchBook(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -45,6 +45,7 @@ admissions and the book and publishing events is the scheduler's shell's job.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 
 import msgspec
 
@@ -124,6 +125,7 @@ def plan(
     admits: list[Admit] = []
     verdicts: dict[str, NodeVerdict] = {}
     out: list[CompartmentPlan] = []
+    wakes: list[datetime] = []
     for rule in v.rules:
         acc = account(v, rule, compartments.get(rule.name, CompartmentBatch()))
         opened = open_batch(v, acc, counter)
@@ -134,6 +136,8 @@ def plan(
         admits.extend(chosen.admit)
         verdicts.update(mine)
         compartments[rule.name] = opened.entry
+        if opened.wake is not None:
+            wakes.append(opened.wake)
         out.append(
             CompartmentPlan(
                 name=rule.name,
@@ -205,6 +209,7 @@ def plan(
         book=new_book,
         compartments=tuple(out),
         events=tuple(notes),
+        wake_at=min(wakes, default=None),
     )
 
 

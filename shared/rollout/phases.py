@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import msgspec
 
@@ -108,8 +109,9 @@ def _finish(
     *,
     done_percent: int,
     budget: int,
+    now: datetime,
 ) -> tuple[CompartmentBatch, str]:
-    """Judge a finished batch and prepare the next one."""
+    """Judge a finished batch and prepare the next one (its soak counts from ``now``)."""
     rollout = rule.rollout
     st = entry.state
     judged = success + failure
@@ -149,7 +151,7 @@ def _finish(
         f"{success} succeeded, {failure} failed"
         + ("; compartment stopped" if stopped and not st.stopped else "")
     )
-    return CompartmentBatch(state=state, planned=planned), text
+    return CompartmentBatch(state=state, planned=planned, finished=now), text
 
 
 def account(v: View, rule: CompartmentRule, entry: CompartmentBatch) -> Accounted:
@@ -198,7 +200,7 @@ def account(v: View, rule: CompartmentRule, entry: CompartmentBatch) -> Accounte
     done_count = sum(1 for n in mine if progress.node_done(cr, n))
     done_percent = done_count * 100 // matched if matched else 0
     finished, note = _finish(
-        rule, entry, success, failure, done_percent=done_percent, budget=budget
+        rule, entry, success, failure, done_percent=done_percent, budget=budget, now=v.ctx.now
     )
     return Accounted(rule, finished, matched, budget, len(holders), holders, note)
 
@@ -212,8 +214,10 @@ class Opened:
     admitted: int
     """The node-order counter after this compartment."""
     wait: Reason | None = None
-    """Why no batch opened although nodes wait (stopped, settling, budget)."""
+    """Why no batch opened although nodes wait (stopped, soaking, settling, budget)."""
     note: str = ""
+    wake: datetime | None = None
+    """When the wait ends by itself (the soak's end): decide again then."""
 
 
 def _budget_reason(
@@ -285,6 +289,19 @@ def open_batch(v: View, acc: Accounted, admitted: int) -> Opened:
             message=f"compartment {rule.name} stopped: {state.stop_message}",
         )
         return Opened(entry, admitted, wait)
+    soak = rule.rollout.batch_soak_seconds
+    if soak and entry.finished is not None:
+        until = entry.finished + timedelta(seconds=soak)
+        if v.ctx.now < until:
+            wait = Reason(
+                code=reasons.BATCH_SOAKING,
+                message=(
+                    f"compartment {rule.name} soaks after batch {state.current_batch - 1} until "
+                    f"{until.isoformat(timespec='seconds')} (batchSoakSeconds: {soak})"
+                ),
+                details={"until": until.isoformat(), "batchSoakSeconds": str(soak)},
+            )
+            return Opened(entry, admitted, wait, wake=until)
     free = acc.budget - acc.busy
     size = entry.planned or rules.first_size(rule.rollout, acc.budget)
     # Nodes of the last batch that are done but not released yet free their slots in a

@@ -131,6 +131,9 @@ class Plan:
     behind: bool = False
     """The caller's node cache is behind the book's fence (:attr:`BatchBook.nodes_seen`):
     nothing is admitted and the book is left as it is; decide again once it caught up."""
+    wake_at: datetime | None = None
+    """When a compartment's wait ends by itself (a soak, ``batchSoakSeconds``): nothing
+    changes then that would wake the scheduler, so it decides again at that time."""
 
     @property
     def waiting(self) -> dict[str, Reason]:

@@ -126,6 +126,10 @@ def simulate(
                 changed = True
         changed = changed or p.book != book
         book = p.book
+        if not changed and p.wake_at is not None and p.wake_at > ctx.now:
+            # A compartment soaks between batches: the simulation moves on to its end.
+            ctx = replace(ctx, now=p.wake_at)
+            changed = True
         if not changed:
             break
     batches = [replace(b, orders=tuple(orders.get(n) for n in b.nodes)) for b in batches]

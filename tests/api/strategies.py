@@ -300,6 +300,7 @@ _rollout_fields = {
     "stop_after_consecutive_failed_batches": st.none() | st.integers(1, 20),
     "shrink_after_failure_until_percent": or_default(50, 1, 100),
     "blocked_nodes_count_as_failed": st.booleans(),
+    "batch_soak_seconds": or_default(0, 1, 3600),
 }
 
 

@@ -426,8 +426,10 @@ async def test_node_abort_fails_a_slow_stage_at_once_says_why_and_retry_complete
     # kwok ends a pod's init containers at once: its last check runs from the start, so
     # the pod is past apply (a real node's is in apply: tests/e2e/realnode).
     pod_name = pod["metadata"]["name"]
-    said = f"package tuning 1.0.0 stage config (attempt 1; in pod {pod_name}: config-check running)"
-    assert f"{said} fails" in out, out
+    expected = (
+        f"package tuning 1.0.0 stage config (attempt 1; in pod {pod_name}: config-check running)"
+    )
+    assert f"{expected} fails" in out, out
 
     async def aborted() -> api.NodeDetail | None:
         d = await _detail(kapi, "abort", "gpu-00")

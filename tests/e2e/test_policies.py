@@ -925,3 +925,54 @@ async def test_a_strategy_changed_mid_rollout_runs_the_batches_nodewright_plan_t
     assert [b["size"] for b in doc["batches"]] == [1, 2, 4, 2]
     planned = {(b["compartment"], b["batch"]): set(b["nodes"]) for b in doc["batches"]}
     assert log.batches() == planned
+
+
+async def test_a_batch_soak_holds_the_next_batch_for_its_seconds_then_opens_it_at_once(
+    cluster: Kube, services: Services
+) -> None:
+    """``batchSoakSeconds: 8``, one node a batch: each batch opens 8 s after the last one
+    finished (as the batch book records it), not before, and at once then: the scheduler
+    decides again at the soak's end (the resync is 2 minutes here, so nothing else would
+    wake it). Meanwhile the waiting nodes say BatchSoaking, and ``nodewright plan`` still
+    predicts every batch."""
+    kapi, soak = cluster, timedelta(seconds=8)
+    names = await _nodes(kapi, [f"soak-{i}" for i in range(3)], nodepool="soak")
+    spec = {"budget": {"count": 1}, "strategy": {"fixed": {"batchSize": 1}}}
+    await manifests.apply(kapi, _policy("soak", {"default": {**spec, "batchSoakSeconds": 8}}))
+    log = BatchLog(kapi, "soak")
+    finished: set[datetime] = set()
+    said: dict[str, str] = {}
+
+    async def probe() -> int:
+        await log.probe()
+        raw = await kapi.get(f"{manifests.NODEWRIGHTS}/soak")
+        book = rollout_book.read_batch_book(raw["metadata"].get("annotations") or {})
+        finished.update(c.finished for c in book.compartments.values() if c.finished)
+        for d in api.from_dict(raw, api.NodeWright).status.node_details:
+            said.setdefault(d.reason, d.message)
+        return 0
+
+    services.fleet.extra_env["NODEWRIGHT_RESYNC_INTERVAL_S"] = "120"
+    await asyncio.to_thread(services.fleet.start_all)
+    async with Sampler(probe) as s:
+        await manifests.apply(kapi, _cr("soak", pool="soak", policy="soak"))
+
+        async def soaking() -> bool:
+            return "BatchSoaking" in said
+
+        await eventually(soaking, timeout_s=60, what="a node saying BatchSoaking")
+        planned = await plan_cmd.plan_for(kapi, "soak", datetime.now(UTC))
+        await eventually(lambda: _all_done(kapi, "soak"), timeout_s=120, what="every node done")
+        await s.stop()
+    assert [b["nodes"] for b in planned["batches"]] == [[n] for n in names[1:]], planned
+    (comp,) = planned["compartments"]
+    assert comp["soakingUntil"] is not None, comp
+    assert plan_cmd.compartment_state(comp, planned["batches"]).startswith("soaking until ")
+    starts = sorted(at for _, _, at in log.seen.values())
+    ends = sorted(finished)
+    assert len(starts) == 3
+    assert len(ends) >= 2, ends
+    for end, start in zip(ends[:2], starts[1:], strict=True):
+        assert end + soak <= start <= end + soak + timedelta(seconds=3), (end, start)
+    assert "soaks after batch" in said["BatchSoaking"]
+    assert "(batchSoakSeconds: 8)" in said["BatchSoaking"]

@@ -100,6 +100,7 @@ def test_a_fresh_rollout_lists_every_compartment_and_batch() -> None:
                 "budgetNodes": 1,
                 "busyNodes": 0,
                 "batch": {},
+                "soakingUntil": None,
             },
             {
                 "name": "bulk",
@@ -108,6 +109,7 @@ def test_a_fresh_rollout_lists_every_compartment_and_batch() -> None:
                 "budgetNodes": 3,
                 "busyNodes": 0,
                 "batch": {},
+                "soakingUntil": None,
             },
             {
                 "name": "__default__",
@@ -116,6 +118,7 @@ def test_a_fresh_rollout_lists_every_compartment_and_batch() -> None:
                 "budgetNodes": 4,
                 "busyNodes": 0,
                 "batch": {},
+                "soakingUntil": None,
             },
         ],
         "batches": [
@@ -208,6 +211,7 @@ def test_a_rollout_in_flight_shows_its_batch_state_busy_nodes_and_a_closed_windo
             "budgetNodes": 3,
             "busyNodes": 2,
             "batch": {"currentBatch": 2, "batchSize": 2, "totalSucceededNodes": 1},
+            "soakingUntil": None,
         }
     ]
     assert plan_cmd.render(doc).splitlines() == [

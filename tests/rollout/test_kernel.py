@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -136,7 +136,9 @@ class Rollout:
             before = dict(self.nodes)
             self.finish_admitted()
             if not p.admit and not self.released[-1] and before == self.nodes and not p.events:
-                return
+                if p.wake_at is None or p.wake_at <= self.now:
+                    return
+                self.now = p.wake_at  # a compartment soaks: time goes on to its end
         raise AssertionError("the rollout did not settle")
 
     def sizes(self, compartment: str = DEFAULT_COMPARTMENT) -> list[int]:
@@ -393,6 +395,65 @@ def test_a_node_of_the_batch_in_flight_finishing_writes_no_book_its_close_does()
         2,
         1,
     )
+
+
+def test_a_soak_holds_the_next_batch_until_it_ends_and_says_until_when() -> None:
+    pol = _policy(
+        {
+            "default": {
+                "budget": {"count": 2},
+                "strategy": _strategy("fixed", 2, 0),
+                "batchSoakSeconds": 600,
+            }
+        }
+    )
+    r = Rollout(_cr(), pol, {n.name: n for n in _fleet(4)})
+    assert [a.node for a in r.step().admit] == ["n000", "n001"]
+    assert r.plans[-1].wake_at is None, "nothing soaks during a batch"
+    r.finish_admitted()
+    r.now = T0 + timedelta(seconds=5)
+    p = r.step()
+    assert (p.admit, r.released[-1]) == ((), ["n000", "n001"])
+    until = T0 + timedelta(seconds=5 + 600)
+    assert r.book.compartments["__default__"].finished == T0 + timedelta(seconds=5)
+    assert p.wake_at == until
+    reasons_now = {w.code for w in p.waiting.values()}
+    assert reasons_now == {"BatchSoaking"}, p.waiting
+    why = p.waiting["n002"]
+    assert why.details["until"] == until.isoformat()
+    assert "soaks after batch 1 until" in why.message
+    (comp,) = p.compartments
+    assert comp.waiting is not None
+    assert comp.waiting.code == "BatchSoaking"
+    r.now = until - timedelta(seconds=1)
+    assert r.step().admit == ()
+    r.now = until
+    opened = r.step()
+    assert [a.node for a in opened.admit] == ["n002", "n003"]
+    assert opened.wake_at is None
+    in_flight = r.book.compartments["__default__"]
+    assert in_flight.finished is None, "a batch in flight"
+    r.finish_admitted()
+    r.run()
+    assert [b[2] for b in r.batches] == [("n000", "n001"), ("n002", "n003")]
+
+
+def test_the_plan_of_a_soaking_rollout_still_predicts_every_batch() -> None:
+    """``nodewright plan``'s simulation moves on to each soak's end."""
+    pol = _policy(
+        {
+            "default": {
+                "budget": {"count": 1},
+                "strategy": _strategy("fixed", 1, 0),
+                "batchSoakSeconds": 60,
+            }
+        }
+    )
+    batches, first = simulation.simulate(
+        cr=_cr(), policy=pol, nodes=_fleet(3), book=BatchBook(), ctx=kernel.Context(now=T0)
+    )
+    assert [b.nodes for b in batches] == [("n000",), ("n001",), ("n002",)]
+    assert [a.node for a in first.admit] == ["n000"]
 
 
 def test_windows_gate_only_the_start_of_new_nodes() -> None:
