@@ -416,11 +416,16 @@ async def test_node_abort_fails_a_slow_stage_at_once_says_why_and_retry_complete
     await asyncio.to_thread(services.fleet.start_all)
     await manifests.apply(kapi, _cr("abort", 2))
 
+    def runs(pod: dict[str, Any]) -> bool:
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        return any("running" in (c.get("state") or {}) for c in statuses)
+
     async def running() -> list[dict[str, Any]]:
         found = await _pods_of(kapi, ns, f"{pods.LABEL_CR}=abort")
-        return [p for p in found if p["spec"].get("nodeName") == "gpu-00"]
+        # Once kwok runs it (its last check, from the start: see below).
+        return [p for p in found if p["spec"].get("nodeName") == "gpu-00" and runs(p)]
 
-    (pod,) = await eventually(running, timeout_s=60, what="gpu-00's stage pod")
+    (pod,) = await eventually(running, timeout_s=60, what="gpu-00's stage pod running")
     out = await _cli(rig, "node", "abort", "gpu-00", "-n", ns)
     assert "Requested abort #1 of NodeWright abort on node gpu-00:" in out
     # kwok ends a pod's init containers at once: its last check runs from the start, so
@@ -454,7 +459,9 @@ async def test_node_abort_fails_a_slow_stage_at_once_says_why_and_retry_complete
             path_of(plural="events", namespace="default"),
             fieldSelector="involvedObject.kind=Node,involvedObject.name=gpu-00",
         )
-        return [e.get("message", "") for e in listed["items"] if e["reason"] == "NodeFailed"]
+        # gpu-00 is a name the other tests on this module's rig use too.
+        mine = [e for e in listed["items"] if e["reason"] == "NodeFailed"]
+        return [m for e in mine if (m := e.get("message", "")).startswith("NodeWright abort:")]
 
     (message,) = await eventually(said, timeout_s=30, what="a NodeFailed Event on gpu-00")
     assert "node gpu-00 failed: StageAborted: stage config of tuning 1.0.0 stopped by" in message
