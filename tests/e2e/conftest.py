@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from dataclasses import dataclass, field
@@ -189,12 +190,20 @@ class Sampler:
     probe: Callable[[], Awaitable[Any]]
     interval_s: float = 0.2
     samples: list[Any] = field(default_factory=list)
+    # When each sample was taken (time.monotonic()), to tell a gap in the sampling from a
+    # gap in what was sampled when a test fails.
+    times: list[float] = field(default_factory=list)
     _task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
         while True:
+            # A transient API error skips one sample; any other error ends the sampling and
+            # is raised by stop(): a sampler that died quietly would leave a test judging a
+            # truncated history.
             with contextlib.suppress(ApiError, OSError):
-                self.samples.append(await self.probe())
+                sample = await self.probe()
+                self.samples.append(sample)
+                self.times.append(time.monotonic())
             await asyncio.sleep(self.interval_s)
 
     async def __aenter__(self) -> Sampler:
@@ -206,9 +215,11 @@ class Sampler:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+            task, self._task = self._task, None
+            task.cancel()
+            (outcome,) = await asyncio.gather(task, return_exceptions=True)
+            if isinstance(outcome, Exception):
+                raise AssertionError(f"the sampler's probe failed: {outcome!r}") from outcome
 
 
 @dataclass(frozen=True)

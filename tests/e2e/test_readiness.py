@@ -195,14 +195,19 @@ async def test_only_nodes_created_after_the_nodewright_are_tainted_until_validat
             tag="first",
         )
 
-    looks: list[dict[str, Look]] = samples.samples
+    # One look after the nudge was handled, whatever the sampler's last one saw: on a loaded
+    # machine a probe can be slower than the steps above it.
+    looks: list[dict[str, Look]] = [*samples.samples, await _look(kapi, "first")]
     final = looks[-1]
     for name in OLD:
         assert not any(s[name].tainted for s in looks), f"existing node {name} was tainted"
         assert final[name].marked == ""
     for name in NEW:
         seen = [s[name] for s in looks if name in s]
+        history = "".join("T" if s.tainted else ("v" if s.validated else ".") for s in seen)
+        assert any(s.tainted for s in seen), f"{name} never tainted: {history}"
         first = next(i for i, s in enumerate(seen) if s.tainted)
+        assert not seen[-1].tainted, f"{name} still tainted after the nudge: {history}"
         lifted = next(i for i, s in enumerate(seen) if i > first and not s.tainted)
         # Never untainted before validated, and never tainted again after.
         assert all(s.tainted or s.validated for s in seen[first:]), f"{name} untainted early"
