@@ -57,9 +57,11 @@ class NatsSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=True
 class KubeSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=True):
     kubeconfig: str = ""
     """Path to a kubeconfig file; empty means in-cluster service-account credentials."""
-    qps_burst: Annotated[int, msgspec.Meta(ge=1)] = 50
+    qps_burst: Annotated[int, msgspec.Meta(ge=1)] = 70
     """Concurrent API requests a service may have in flight (a client-side limit): each
-    service of a process running several has its own. Watches are not counted."""
+    service of a process running several has its own. Watches are not counted. The
+    scheduler writes a batch's admissions with all but 10 of them (docs/metrics.md, "Sixty
+    admissions in flight")."""
 
 
 class HealthSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -57,6 +57,7 @@ from shared import (
     subjects,
     workqueue,
 )
+from shared.config import KubeSettings
 from shared.controller import Controller, node_unchanged, patch_node
 from shared.informer import Informer, slim_node
 from shared.kube import JSON, ApiError, path_of
@@ -74,12 +75,22 @@ class ReleaseKey(NamedTuple):
     cr: str
 
 
-CONCURRENT_WRITES = 40
-"""Admissions and releases in flight at once, the passes' and the release fast path's
-together: a batch of 100 opens in three round trips instead of 100 (issue 15; with 16, a
-batch of 100 took 1.2-2.4 s to admit at 1,000 nodes here); below the service's own limit
-(qps_burst, 50; watches are not counted), so the leader lease and the batch book never
-wait behind them."""
+LEASE_ROOM = 10
+"""Requests under the service's own cap (``NODEWRIGHT_KUBE_QPS_BURST``; watches are not
+counted) that admissions and releases leave free, so the leader lease and the batch book
+never wait behind a batch's writes."""
+
+
+def write_gate(qps_burst: int) -> int:
+    """Admissions and releases in flight at once, the passes' and the release fast path's
+    together: a batch of 100 opens in two round trips instead of 100 (issue 15; with 16 in
+    flight a batch of 100 took 1.2-2.4 s to admit at 1,000 nodes here; 40 and 60 compared in
+    docs/metrics.md, "Sixty admissions in flight")."""
+    return max(1, qps_burst - LEASE_ROOM)
+
+
+CONCURRENT_WRITES = write_gate(KubeSettings().qps_burst)
+"""The gate's size with the default cap (60)."""
 PASS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 """Seconds: a decision over 100 nodes takes a few milliseconds, one over 10,000 a tenth of
 a second; a batch of 1,000 admissions a second or more."""
@@ -138,7 +149,7 @@ class Scheduler:
             name="nodewright-scheduler",
             identity=ctx.identity,
         )
-        self._writes = asyncio.Semaphore(CONCURRENT_WRITES)
+        self._writes = asyncio.Semaphore(write_gate(ctx.settings.kube.qps_burst))
         """The admissions and releases in flight, the passes' and the fast path's together:
         room is left under qps_burst for the lease and the batch book."""
         self._together = functools.partial(_together, gate=self._writes)

@@ -15,7 +15,7 @@ class StatusSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     node_writes: Annotated[int, msgspec.Meta(ge=1)] = 40
     """The most node conditions written concurrently within one pass: one per 250 target
     nodes, at least 10 (``core.write_concurrency``). Below the service's own cap of requests
-    in flight (``NODEWRIGHT_KUBE_QPS_BURST``, 50), so the pass's status and Event writes
+    in flight (``NODEWRIGHT_KUBE_QPS_BURST``, 70), so the pass's status and Event writes
     never wait behind them. At 16, when the drainer and the executor sped up at 10,000
     nodes, passes that found 4,000 nodes to write took 43 s each, and the status was written
     13 times in 10 minutes (issue 15)."""

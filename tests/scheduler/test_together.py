@@ -66,3 +66,10 @@ async def test_calls_sharing_a_gate_keep_to_the_bound_together() -> None:
     )
     assert (admissions, releases) == ([True] * 60, [True] * 60)
     assert peak == service.CONCURRENT_WRITES
+
+
+def test_the_gate_leaves_the_lease_its_room_under_the_services_cap() -> None:
+    assert service.write_gate(70) == 60 == service.CONCURRENT_WRITES
+    assert service.write_gate(20) == 20 - service.LEASE_ROOM
+    # A cap at or below the room still lets writes through, one at a time.
+    assert service.write_gate(5) == 1
