@@ -38,6 +38,8 @@ SIM_FAIL = f"{SIM}/fail"
 SIM_IMAGE_PULL_ERROR = f"{SIM}/image-pull-error"
 SIM_FAIL_INIT = f"{SIM}/fail-init"
 """kwok stage annotation: the failure is the init container's (the stage's, not its check's)."""
+SIM_PART_DURATION = f"{SIM}/part-duration"
+"""kwok stage annotation: a segment pod's containers run in turn, each this long."""
 _SIM_SECONDS = re.compile(r"^(\d+(?:\.\d+)?)s$")
 
 _PACKAGE_MOUNT = "/nodewright-package"
@@ -84,6 +86,8 @@ class PodSettings:
     agent_image: str
     simulate: bool = False
     sim_stage_duration: str = "1s"
+    sim_in_turn: bool = True
+    """A stage pod's containers one after the other (shared.config.PodSettings.sim_in_turn)."""
     host_root: str = "/"
     """The node path mounted at ``/host`` (shared.config.PodSettings.host_root)."""
     package_staging: PackageStaging = "image-volume"
@@ -99,6 +103,7 @@ class PodSettings:
             agent_image=config.agent_image,
             simulate=config.simulate,
             sim_stage_duration=config.sim_stage_duration,
+            sim_in_turn=config.sim_in_turn,
             host_root=config.host_root,
             package_staging=config.package_staging,
             image_pull_secrets=tuple(n for n in config.image_pull_secrets.split(",") if n),
@@ -216,12 +221,16 @@ def simulation_annotations(
     default_duration: str,
     image: str = "",
     segment: tuple[str, ...] = (),
+    in_turn: bool = True,
 ) -> dict[str, str]:
     """kwok stage annotations for a simulated pod, from the node's ``sim.*`` wishes. A stage
-    pod running ``segment`` takes ``duration`` per stage and per check (kwok ends the init
-    containers at once: the pod's time is theirs together) and fails at the first of its
-    containers a wish names: ``<package>/<stage>`` a stage, ``<package>/<stage>-check`` its
-    check. Without ``segment``, a pod of one container (the interrupt)."""
+    pod running ``segment`` takes ``duration`` per stage and per check, its containers in
+    turn as a kubelet runs them (``part-duration``: kwok ends one init container after the
+    other, then the main one), and fails at the first of its containers a wish names:
+    ``<package>/<stage>`` a stage, ``<package>/<stage>-check`` its check. Without
+    ``segment``, a pod of one container (the interrupt). Without ``in_turn``, kwok ends the
+    init containers at once and the pod's time is theirs together (``bench.rollout``: the
+    simulated work its earlier figures and the reference's run had)."""
     duration = node_annotations.get(SIM_STAGE_DURATION) or default_duration
     pull = node_annotations.get(SIM_IMAGE_PULL_ERROR, "")
     runs = segment or (stage,)
@@ -241,16 +250,23 @@ def simulation_annotations(
         for s in segment
         for name, mode in ((pods.stage_container(s), s), (pods.check_container(s), f"{s}-check"))
     ]
+    # In turn, each container's time counts from its own start (kwok's pod-part-advance);
+    # else the pod's from its start.
+    parts = {SIM_PART_DURATION: duration} if in_turn else {}
     for i, (name, mode) in enumerate(containers):
         if fail and _matches(fail, package, mode):
             failed = {
-                f"{SIM}/fail-after": _times(duration, i + 1),
+                **parts,
+                f"{SIM}/fail-after": duration if in_turn else _times(duration, i + 1),
                 f"{SIM}/exit-code": "1",
                 f"{SIM}/fail-message": f"simulated failure of {package} {mode}",
             }
             last = i == len(containers) - 1
             return failed if last else {**failed, SIM_FAIL_INIT: name}
-    return {f"{SIM}/succeed-after": _times(duration, len(containers))}
+    return {
+        **parts,
+        f"{SIM}/succeed-after": duration if in_turn else _times(duration, len(containers)),
+    }
 
 
 def _times(duration: str, n: int) -> str:
@@ -294,6 +310,7 @@ def manifest(
                 package=req.package,
                 stage=req.stage,
                 default_duration=settings.sim_stage_duration,
+                in_turn=settings.sim_in_turn,
                 image=package_image or settings.agent_image,
                 segment=req.segment if req.role == "stage" else (),
             )

@@ -64,6 +64,72 @@ async def test_pods_on_kwok_nodes_run_and_end_as_their_annotations_say(
     assert await in_phase("long", "Running"), "an un-annotated pod keeps running"
 
 
+def _segment(name: str, node: str, annotations: dict[str, str]) -> dict[str, Any]:
+    """A pod like a segment pod: two init containers, then the main one."""
+    pod = _pod(name, node, {f"{SIM}/part-duration": "1s", **annotations})
+    pod["spec"]["initContainers"] = [
+        {"name": n, "image": "registry.example/sim:1"} for n in ("apply", "apply-check")
+    ]
+    pod["spec"]["containers"][0]["name"] = "config"
+    return pod
+
+
+def _states(pod: dict[str, Any]) -> dict[str, str]:
+    st = pod.get("status") or {}
+    return {
+        c["name"]: next(iter(c.get("state") or {"none": 0}))
+        for c in [*(st.get("initContainerStatuses") or ()), *(st.get("containerStatuses") or ())]
+    }
+
+
+def _ended(pod: dict[str, Any], name: str) -> str:
+    st = pod["status"]
+    (c,) = [
+        c for c in [*st["initContainerStatuses"], *st["containerStatuses"]] if c["name"] == name
+    ]
+    return str(c["state"]["terminated"]["finishedAt"])
+
+
+async def test_a_segment_pods_containers_run_in_turn_as_a_kubelet_runs_them(
+    kapi: Kube, namespace: str
+) -> None:
+    """part-duration: one container at a time, each for its time; the failing one named by
+    fail-init fails once it ran, and the ones after it never start."""
+    node = f"smoke-turn-{uuid.uuid4().hex[:6]}"
+    await nodes.create_nodes(kapi, [node])
+    await nodes.wait_ready(kapi, [node])
+    pods = path_of(plural="pods", namespace=namespace)
+    await kapi.create(pods, _segment("ok", node, {f"{SIM}/succeed-after": "1s"}))
+    fail = {f"{SIM}/fail-after": "1s", f"{SIM}/fail-init": "apply-check", f"{SIM}/exit-code": "3"}
+    await kapi.create(pods, _segment("bad", node, fail))
+
+    seen: dict[str, list[dict[str, str]]] = {"ok": [], "bad": []}
+
+    async def ended(name: str) -> dict[str, Any] | None:
+        pod = await kapi.get(f"{pods}/{name}")
+        states = _states(pod)
+        if states and (not seen[name] or seen[name][-1] != states):
+            seen[name].append(states)
+        phase = (pod.get("status") or {}).get("phase")
+        return pod if phase in ("Succeeded", "Failed") else None
+
+    ok = await eventually(lambda: ended("ok"), interval_s=0.05, what="pod ok to end")
+    bad = await eventually(lambda: ended("bad"), interval_s=0.05, what="pod bad to end")
+    assert ok is not None
+    assert bad is not None
+    assert ok["status"]["phase"] == "Succeeded"
+    # Each container ran while the ones after it waited.
+    assert {"apply": "running", "apply-check": "waiting", "config": "waiting"} in seen["ok"]
+    assert {"apply": "terminated", "apply-check": "running", "config": "waiting"} in seen["ok"]
+    assert {"apply": "terminated", "apply-check": "terminated", "config": "running"} in seen["ok"]
+    assert _ended(ok, "apply") < _ended(ok, "apply-check") <= _ended(ok, "config")
+    assert bad["status"]["phase"] == "Failed"
+    assert _states(bad) == {"apply": "terminated", "apply-check": "terminated", "config": "waiting"}
+    (check,) = [c for c in bad["status"]["initContainerStatuses"] if c["name"] == "apply-check"]
+    assert check["state"]["terminated"]["exitCode"] == 3
+    assert _ended(bad, "apply") < _ended(bad, "apply-check")
+
+
 async def test_eviction_respects_a_pdb_kept_by_the_disruption_controller(
     kapi: Kube, namespace: str
 ) -> None:

@@ -403,7 +403,7 @@ def test_an_interrupt_pod_reads_as_one_view() -> None:
 @pytest.mark.parametrize(
     ("wish", "expected"),
     [
-        pytest.param("", {"sim.nodewright.nvidia.com/succeed-after": "4s"}, id="both-pass"),
+        pytest.param("", {"sim.nodewright.nvidia.com/succeed-after": "2s"}, id="both-pass"),
         pytest.param(
             "nvidia-tuned/apply",
             {
@@ -414,7 +414,7 @@ def test_an_interrupt_pod_reads_as_one_view() -> None:
         ),
         pytest.param(
             "nvidia-tuned/apply-check",
-            {"sim.nodewright.nvidia.com/fail-after": "4s"},
+            {"sim.nodewright.nvidia.com/fail-after": "2s"},
             id="the-check-fails",
         ),
     ],
@@ -422,8 +422,9 @@ def test_an_interrupt_pod_reads_as_one_view() -> None:
 def test_simulated_stage_pods_fail_their_stage_or_their_check(
     wish: str, expected: dict[str, str]
 ) -> None:
-    """kwok ends a pod's init containers at once, so a simulated stage pod takes a stage's
-    and a check's time together."""
+    """kwok runs a segment pod's containers in turn, each for the stage duration
+    (``part-duration``); the failing one is named when it is an init container, and its
+    time, like the main container's, counts from its own start."""
     annotations = {"sim.nodewright.nvidia.com/stage-duration": "2s"}
     if wish:
         annotations["sim.nodewright.nvidia.com/fail"] = wish
@@ -431,7 +432,23 @@ def test_simulated_stage_pods_fail_their_stage_or_their_check(
     pod = _stage_pod(settings, node_annotations=annotations)
     got = {k: v for k, v in pod["metadata"]["annotations"].items() if k.startswith("sim.")}
     assert {k: got.get(k) for k in expected} == expected
+    assert got["sim.nodewright.nvidia.com/part-duration"] == "2s"
     assert ("sim.nodewright.nvidia.com/fail-init" in got) == ("fail-init" in str(expected))
+
+
+def test_without_in_turn_a_simulated_pod_takes_its_containers_time_together() -> None:
+    """bench.rollout's simulation: kwok ends the init containers at once, so the pod's
+    time is its stage's and its check's together, and a failing check's comes after both."""
+    annotations = {"sim.nodewright.nvidia.com/stage-duration": "2s"}
+    settings = podspec.PodSettings(
+        namespace="nw", agent_image=AGENT, simulate=True, sim_in_turn=False
+    )
+    got = _stage_pod(settings, node_annotations=annotations)["metadata"]["annotations"]
+    assert got["sim.nodewright.nvidia.com/succeed-after"] == "4s"
+    assert "sim.nodewright.nvidia.com/part-duration" not in got
+    failing = {**annotations, "sim.nodewright.nvidia.com/fail": "nvidia-tuned/apply-check"}
+    got = _stage_pod(settings, node_annotations=failing)["metadata"]["annotations"]
+    assert got["sim.nodewright.nvidia.com/fail-after"] == "4s"
 
 
 PACKAGE = "registry.example/nowhere:1.0.0"
