@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from dataclasses import dataclass, field
@@ -190,9 +189,6 @@ class Sampler:
     probe: Callable[[], Awaitable[Any]]
     interval_s: float = 0.2
     samples: list[Any] = field(default_factory=list)
-    # When each sample was taken (time.monotonic()), to tell a gap in the sampling from a
-    # gap in what was sampled when a test fails.
-    times: list[float] = field(default_factory=list)
     _task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
@@ -201,9 +197,7 @@ class Sampler:
             # is raised by stop(): a sampler that died quietly would leave a test judging a
             # truncated history.
             with contextlib.suppress(ApiError, OSError):
-                sample = await self.probe()
-                self.samples.append(sample)
-                self.times.append(time.monotonic())
+                self.samples.append(await self.probe())
             await asyncio.sleep(self.interval_s)
 
     async def __aenter__(self) -> Sampler:
