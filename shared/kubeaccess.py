@@ -39,7 +39,7 @@ TOKEN_REREAD_S = 60.0
 rotates a projected service-account token well before it expires (as client-go does)."""
 READ_BUFFER = 2**21
 """A watch event can carry a large object (etcd takes requests up to 1.5 MiB)."""
-TLS_READ_BUFFER = 64 * 1024
+TLS_READ_BUFFER = 16 * 1024
 """Bytes asyncio reads from a TLS connection at once: a buffer each connection holds for
 its life (see :func:`lean_tls_reads`)."""
 
@@ -49,11 +49,13 @@ def lean_tls_reads() -> None:
     instead of asyncio's 256 KiB (``asyncio.sslproto.SSLProtocol.max_size``, Python 3.11+).
 
     Each connection allocates and zero-fills that buffer when it opens. Measured here with
-    aiohttp over TLS on loopback, a connection held 317 KiB; with 64 KiB, 124 KiB. One
-    process running the five services keeps 100 to 170 connections to the API server in a
-    rollout of 1,000 to 10,000 nodes: about 30 MB of its memory (issue 15). The cost: a
-    30 MB answer (a LIST of 10,000 nodes) read in 64 KiB pieces took 12 % more CPU (43
-    against 38 ms). A TLS record carries at most 16 KiB, so no record is split the more.
+    aiohttp over TLS on loopback (both ends in one process): 518 KiB a connection at 256 KiB,
+    154 at 64, 62 at 16. One process running the five services keeps 30 connections to the
+    API server in a rollout of 100 nodes and 100 to 170 at 1,000 to 10,000 nodes: at 64 KiB
+    the buffers alone were 2 to 11 MB of it (issue 15). 16 KiB is one TLS record's payload,
+    the most OpenSSL hands over at once. The cost is more reads for large answers: a 28 MB
+    answer (a LIST of 10,000 nodes) took 140 ms of CPU at 16 KiB against 116 at 64 (the
+    services make a few such LISTs per start; watch events are a few KiB each).
     Process-wide and idempotent; a Python without the attribute is left as it is."""
     protocol = asyncio.sslproto.SSLProtocol
     if getattr(protocol, "max_size", 0) > TLS_READ_BUFFER:
