@@ -1038,6 +1038,13 @@ class Rollout(_Model, frozen=True, kw_only=True):
     opens: a soak (bake) time to watch the nodes just changed, alerts and workloads on them,
     before more nodes are touched; pause the NodeWright meanwhile to hold the rollout there.
     Nodes waiting for it say BatchSoaking, until when. 0: the next batch opens at once."""
+    approval_after_batches: Annotated[
+        list[Positive], msgspec.Meta(max_length=64, extra={LIST_SET: True})
+    ] = msgspec.field(default_factory=list)
+    """Batches after which this compartment waits for a person's approval before its next
+    batch opens (`nodewright approve NAME --compartment C`, after any soak): [1] holds the
+    rollout after a first, canary batch until someone checked it. Nodes waiting for it say
+    BatchAwaitingApproval. Empty: no approval."""
 
 
 class Compartment(Rollout, frozen=True, kw_only=True):

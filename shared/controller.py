@@ -35,6 +35,7 @@ from shared.informer import (
     wait_synced,
 )
 from shared.kube import JSON, ApiError, Kube, path_of
+from shared.rollout.approvals import APPROVALS_ANNOTATION
 from shared.rollout.book import BATCHES_ANNOTATION
 from shared.runtime import ServiceContext
 from shared.workqueue import QueueMetrics, WorkQueue
@@ -265,11 +266,16 @@ def status_only(old: JSON | None, new: JSON | None) -> bool:
     return _read_annotations(a) == _read_annotations(b)
 
 
+_SCHEDULERS_ONLY: Final = frozenset({BATCHES_ANNOTATION, APPROVALS_ANNOTATION})
+
+
 def _read_annotations(meta: JSON) -> dict[str, Any]:
-    """A NodeWright's annotations but the scheduler's batch book, which only the scheduler
-    and the status service read: written on every batch and admission, it woke each node
-    of the NodeWright in the three per-node services (issue 15)."""
-    return {k: v for k, v in (meta.get("annotations") or {}).items() if k != BATCHES_ANNOTATION}
+    """A NodeWright's annotations but the scheduler's batch book and the approvals between
+    batches, which only the scheduler, the status service and the CLI read: the book,
+    written on every batch and admission, woke each node of the NodeWright in the three
+    per-node services (issue 15)."""
+    notes = meta.get("annotations") or {}
+    return {k: v for k, v in notes.items() if k not in _SCHEDULERS_ONLY}
 
 
 def node_unchanged(old: JSON | None, new: JSON | None) -> bool:

@@ -40,6 +40,10 @@ WAITING_FOR_BATCH: Final = "WaitingForBatch"
 BATCH_SOAKING: Final = "BatchSoaking"
 """The compartment's last batch finished less than ``batchSoakSeconds`` ago: the next one
 opens once it has soaked (``details.until``)."""
+BATCH_AWAITING_APPROVAL: Final = "BatchAwaitingApproval"
+"""The compartment's last batch is one its policy gates (``approvalAfterBatches``): the next
+one opens once a person approved it (``nodewright approve``; ``details.batch``,
+``details.command``)."""
 ADMITTING: Final = "Admitting"
 """Due: the scheduler's decision admits the node, and writes the admission next."""
 
@@ -55,6 +59,7 @@ COMPARTMENT_WAITS: Final = (
     WAITING_FOR_PRIORITY,
     WAITING_FOR_WINDOW,
     BATCH_SOAKING,
+    BATCH_AWAITING_APPROVAL,
     BUDGET_EXHAUSTED,
     CLUSTER_BUDGET_EXHAUSTED,
     SHARED_BUDGET_EXHAUSTED,

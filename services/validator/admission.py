@@ -25,6 +25,7 @@ from typing import Final, Literal
 import msgspec
 
 from shared import api
+from shared.rollout import approvals
 
 Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
 PackageInventory = Mapping[str, Mapping[str, int]]
@@ -122,13 +123,23 @@ def review_nodewright(
 
 
 def _annotations(old: api.NodeWright | None, new: api.NodeWright) -> Iterator[Violation]:
-    for key in (api.PAUSE_ANNOTATION, api.DISABLE_ANNOTATION):
+    def changed(key: str) -> str | None:
         value = new.metadata.annotations.get(key)
         unchanged = old is not None and old.metadata.annotations.get(key) == value
-        if value is not None and value not in ("true", "false") and not unchanged:
+        return None if unchanged else value
+
+    for key in (api.PAUSE_ANNOTATION, api.DISABLE_ANNOTATION):
+        value = changed(key)
+        if value is not None and value not in ("true", "false"):
             yield Violation(
                 field=f"metadata.annotations[{key}]",
                 message=f'must be "true" or "false", got {value!r}',
+            )
+    if changed(approvals.APPROVALS_ANNOTATION) is not None:
+        error = approvals.read(new.metadata.annotations).error
+        if error:
+            yield Violation(
+                field=f"metadata.annotations[{approvals.APPROVALS_ANNOTATION}]", message=error
             )
 
 

@@ -17,7 +17,7 @@ from shared import api, progress, reasons
 from shared.events import Reason
 from shared.progress import NodeFacts
 from shared.records.scheduler import Selection
-from shared.rollout import rules, slots
+from shared.rollout import approvals, rules, slots
 from shared.rollout.book import (
     RESET_ANNOTATION,
     BatchBook,
@@ -274,6 +274,23 @@ def _join(v: View, acc: Accounted, admitted: int) -> Opened:
     return Opened(joined, admitted, note=note)
 
 
+def _approval_reason(v: View, compartment: str, batch: int, finished: datetime | None) -> Reason:
+    command = f"nodewright approve {v.cr.metadata.name} --compartment {compartment}"
+    problem = f" ({v.approvals.error})" if v.approvals.error else ""
+    return Reason(
+        code=reasons.BATCH_AWAITING_APPROVAL,
+        message=(
+            f"compartment {compartment} waits for approval after batch {batch} "
+            f"(approvalAfterBatches){problem}: check its nodes, then `{command}`"
+        ),
+        details={
+            "batch": str(batch),
+            "finished": finished.isoformat() if finished is not None else "",
+            "command": command,
+        },
+    )
+
+
 def open_batch(v: View, acc: Accounted, admitted: int) -> Opened:
     cr, rule, entry = v.cr, acc.rule, acc.entry
     if entry.nodes:
@@ -302,6 +319,9 @@ def open_batch(v: View, acc: Accounted, admitted: int) -> Opened:
                 details={"until": until.isoformat(), "batchSoakSeconds": str(soak)},
             )
             return Opened(entry, admitted, wait, wake=until)
+    gated = approvals.gated_batch(rule.rollout, entry)
+    if gated is not None and not approvals.approved(v.approvals, rule.name, gated, entry.finished):
+        return Opened(entry, admitted, _approval_reason(v, rule.name, gated, entry.finished))
     free = acc.budget - acc.busy
     size = entry.planned or rules.first_size(rule.rollout, acc.budget)
     # Nodes of the last batch that are done but not released yet free their slots in a

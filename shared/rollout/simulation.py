@@ -1,14 +1,14 @@
 """The batches a rollout will run from the current state, for ``nodewright plan``.
 
 The simulation drives :func:`shared.rollout.kernel.plan` the way the services drive the real
-rollout, assuming every batch succeeds, maintenance windows are open, priority gates clear
-and shared budgets allow (those only delay admissions; they never change which nodes form a
-batch): each step the scheduler writes its releases and decides again on them, admits, and
-every admitted node then finishes the way the drainer, executor and validator finish it
-(records complete, its cordon lifted unless someone else holds it), so the next step
-releases it. A node that failed stays failed (it keeps its slot until it is retried or
-reset), and a node that cannot be admitted (NotReady, ignored ...) is never admitted: the
-simulation says what would run, not what should.
+rollout, assuming every batch succeeds, maintenance windows are open, priority gates clear,
+approvals between batches are given and shared budgets allow (those only delay admissions;
+they never change which nodes form a batch): each step the scheduler writes its releases
+and decides again on them, admits, and every admitted node then finishes the way the
+drainer, executor and validator finish it (records complete, its cordon lifted unless
+someone else holds it), so the next step releases it. A node that failed stays failed (it
+keeps its slot until it is retried or reset), and a node that cannot be admitted (NotReady,
+ignored ...) is never admitted: the simulation says what would run, not what should.
 
 Pure.
 """
@@ -19,11 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from shared import api, progress
+import msgspec
+
+from shared import api, progress, reasons
 from shared.progress import NodeFacts
 from shared.records.executor import ExecutorRecord, PackageRecord
 from shared.records.validator import ValidatorRecord
-from shared.rollout import kernel
+from shared.rollout import approvals, kernel
 from shared.rollout.book import BatchBook
 
 
@@ -69,6 +71,25 @@ def as_done(cr: api.NodeWright, node: NodeFacts) -> NodeFacts:
         executor=ExecutorRecord(packages=packages),
         validator=ValidatorRecord(validated=progress.target_digest(cr)),
     )
+
+
+def approve_waits(cr: api.NodeWright, p: kernel.Plan) -> api.NodeWright:
+    """``cr`` with an approval of every batch a compartment of ``p`` waits to have approved
+    (``cr`` itself when none waits)."""
+    found = approvals.read(cr.metadata.annotations)
+    given = dict(found.by_compartment)
+    for comp in p.compartments:
+        wait = comp.unopened
+        if wait is None or wait.code != reasons.BATCH_AWAITING_APPROVAL:
+            continue
+        given[comp.name] = approvals.Approval(
+            batch=int(wait.details["batch"]), finished=comp.batch.finished
+        )
+    if given == found.by_compartment:
+        return cr
+    notes = {**cr.metadata.annotations, approvals.APPROVALS_ANNOTATION: approvals.encode(given)}
+    meta = msgspec.structs.replace(cr.metadata, annotations=notes)
+    return msgspec.structs.replace(cr, metadata=meta)
 
 
 def simulate(
@@ -130,6 +151,11 @@ def simulate(
             # A compartment soaks between batches: the simulation moves on to its end.
             ctx = replace(ctx, now=p.wake_at)
             changed = True
+        if not changed:
+            # A compartment waits for a person's approval: the simulation gives it.
+            given = approve_waits(cr, p)
+            changed = given is not cr
+            cr = given
         if not changed:
             break
     batches = [replace(b, orders=tuple(orders.get(n) for n in b.nodes)) for b in batches]

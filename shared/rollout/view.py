@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from shared import api, nodestate, progress, reasons, recovery
 from shared.events import Reason
 from shared.progress import NodeFacts
-from shared.rollout import rules, slots
+from shared.rollout import approvals as approvals_, rules, slots
 from shared.rollout.book import (
     BatchBook,
 )
@@ -82,6 +82,8 @@ class View:
     window_open: bool
     fence: Mapping[str, str]
     """The book's fence entries that still hold (their node has not changed)."""
+    approvals: approvals_.Approvals
+    """What the NodeWright's approvals annotation lets go on (``approvalAfterBatches``)."""
 
     def members(self, compartment: str) -> list[NodeFacts]:
         return [n for n in self.targets if self.assigned[n.name] == compartment]
@@ -153,6 +155,7 @@ def view(
         },
         window_open=open_window,
         fence=fence,
+        approvals=approvals_.read(cr.metadata.annotations),
     )
 
 

@@ -301,6 +301,7 @@ _rollout_fields = {
     "shrink_after_failure_until_percent": or_default(50, 1, 100),
     "blocked_nodes_count_as_failed": st.booleans(),
     "batch_soak_seconds": or_default(0, 1, 3600),
+    "approval_after_batches": st.just([]) | st.lists(st.integers(1, 20), unique=True, max_size=3),
 }
 
 

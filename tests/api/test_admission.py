@@ -275,6 +275,33 @@ NODEWRIGHT_CASES = [
     ),
     pytest.param(Case(new=(annotate(pause="true", disable="false"),)), id="annotations-allowed"),
     pytest.param(
+        Case(
+            new=(annotate(**{"approved-batches": '{"__default__": 1}'}),),
+            denied_at=(f"metadata.annotations[{api.GROUP}/approved-batches]",),
+        ),
+        id="approvals-not-objects",
+    ),
+    pytest.param(
+        Case(
+            new=(annotate(**{"approved-batches": '{"gpu": {"batch": 0}}'}),),
+            denied_at=(f"metadata.annotations[{api.GROUP}/approved-batches]",),
+        ),
+        id="approval-of-batch-0",
+    ),
+    pytest.param(
+        Case(
+            new=(
+                annotate(
+                    **{
+                        "approved-batches": '{"__default__": {"batch": 2, "finished": '
+                        '"2026-12-07T12:00:03.120000+00:00"}, "gpu": {"batch": 1}}'
+                    }
+                ),
+            )
+        ),
+        id="approvals-allowed",
+    ),
+    pytest.param(
         Case(old=(annotate(pause="yes"),), new=(annotate(pause="yes"), spec(priority=3))),
         id="unchanged-bad-annotation-not-re-judged",
     ),

@@ -19,7 +19,7 @@ from shared.progress import NodeFacts
 from shared.records.drainer import DrainRecord
 from shared.records.executor import ExecutorRecord, PackageRecord
 from shared.records.scheduler import Selection
-from shared.rollout import kernel, rules, simulation, slots
+from shared.rollout import approvals, kernel, rules, simulation, slots
 from shared.rollout.book import (
     RESET_ANNOTATION,
     BatchBook,
@@ -136,6 +136,10 @@ class Rollout:
             before = dict(self.nodes)
             self.finish_admitted()
             if not p.admit and not self.released[-1] and before == self.nodes and not p.events:
+                given = simulation.approve_waits(self.cr, p)
+                if given is not self.cr:
+                    self.cr = given  # a compartment waits for approval: a person gives it
+                    continue
                 if p.wake_at is None or p.wake_at <= self.now:
                     return
                 self.now = p.wake_at  # a compartment soaks: time goes on to its end
@@ -454,6 +458,135 @@ def test_the_plan_of_a_soaking_rollout_still_predicts_every_batch() -> None:
     )
     assert [b.nodes for b in batches] == [("n000",), ("n001",), ("n002",)]
     assert [a.node for a in first.admit] == ["n000"]
+
+
+def _approve(
+    cr: api.NodeWright, compartment: str, batch: int, finished: datetime | None
+) -> api.NodeWright:
+    """``cr`` with what ``nodewright approve`` writes for one compartment."""
+    got = approvals.read(cr.metadata.annotations).by_compartment
+    value = approvals.encode(
+        {**got, compartment: approvals.Approval(batch=batch, finished=finished)}
+    )
+    notes = {**cr.metadata.annotations, approvals.APPROVALS_ANNOTATION: value}
+    return msgspec.structs.replace(
+        cr, metadata=msgspec.structs.replace(cr.metadata, annotations=notes)
+    )
+
+
+def _gated(after: list[int], **rollout: Any) -> api.DeploymentPolicy:
+    return _policy(
+        {
+            "default": {
+                "budget": {"count": 2},
+                "strategy": _strategy("fixed", 2, 0),
+                "approvalAfterBatches": after,
+                **rollout,
+            }
+        }
+    )
+
+
+def test_an_approval_gate_holds_the_next_batch_until_a_person_approves_that_batch() -> None:
+    r = Rollout(_cr(), _gated([1]), {n.name: n for n in _fleet(6)})
+    assert [a.node for a in r.step().admit] == ["n000", "n001"]
+    r.finish_admitted()
+    r.now = T0 + timedelta(seconds=5)
+    p = r.step()
+    assert (p.admit, r.released[-1]) == ((), ["n000", "n001"])
+    finished = r.book.compartments[DEFAULT_COMPARTMENT].finished
+    assert finished == T0 + timedelta(seconds=5)
+    assert {w.code for w in p.waiting.values()} == {"BatchAwaitingApproval"}, p.waiting
+    why = p.waiting["n002"]
+    assert why.details == {
+        "batch": "1",
+        "finished": finished.isoformat(),
+        "command": f"nodewright approve {CR} --compartment __default__",
+    }
+    assert "waits for approval after batch 1 (approvalAfterBatches)" in why.message
+    assert f"`nodewright approve {CR} --compartment __default__`" in why.message
+    (comp,) = p.compartments
+    assert comp.waiting is not None
+    assert comp.waiting.code == "BatchAwaitingApproval"
+    assert p.wake_at is None, "no time ends this wait: the approval's change wakes the pass"
+    r.now += timedelta(days=30)
+    assert r.step().admit == (), "it waits for as long as it takes"
+    # An approval of another batch, or of another run of batch 1, opens nothing.
+    for batch, at in ((2, finished), (1, finished - timedelta(seconds=1)), (1, None)):
+        r.cr = _approve(_cr(), DEFAULT_COMPARTMENT, batch, at)
+        assert r.step().admit == (), (batch, at)
+    r.cr = _approve(_cr(), "other", 1, finished)
+    assert r.step().admit == (), "another compartment's approval"
+    r.cr = _approve(_cr(), DEFAULT_COMPARTMENT, 1, finished)
+    assert [a.node for a in r.step().admit] == ["n002", "n003"]
+    # Batch 2 is not gated: batch 3 opens once it finished, with no approval.
+    r.finish_admitted()
+    r.step()
+    r.finish_admitted()
+    r.run()
+    assert [b[2] for b in r.batches] == [("n000", "n001"), ("n002", "n003"), ("n004", "n005")]
+
+
+def test_an_approval_does_not_carry_over_to_a_new_run_of_the_batches() -> None:
+    """After the batch state is reset, batch 1 finishes again at another time: the
+    approval of the earlier run is not one of this run."""
+    r = Rollout(_cr(), _gated([1]), {n.name: n for n in _fleet(6)})
+    r.step()
+    r.finish_admitted()
+    r.step()
+    first_run = r.book.compartments[DEFAULT_COMPARTMENT].finished
+    r.cr = _approve(_cr(annotations={RESET_ANNOTATION: "t1"}), DEFAULT_COMPARTMENT, 1, first_run)
+    r.now = T0 + timedelta(seconds=10)
+    assert [a.node for a in r.step().admit] == ["n002", "n003"], "batch 1 again"
+    assert r.book.compartments[DEFAULT_COMPARTMENT].state.current_batch == 1
+    r.finish_admitted()
+    r.now = T0 + timedelta(seconds=20)
+    p = r.step()
+    again = r.book.compartments[DEFAULT_COMPARTMENT].finished
+    assert again == r.now != first_run
+    assert p.admit == ()
+    assert p.waiting["n004"].code == "BatchAwaitingApproval"
+    r.cr = _approve(r.cr, DEFAULT_COMPARTMENT, 1, again)
+    assert [a.node for a in r.step().admit] == ["n004", "n005"]
+
+
+def test_a_malformed_approval_reads_as_none_and_the_wait_says_what_is_wrong() -> None:
+    r = Rollout(_cr(), _gated([1]), {n.name: n for n in _fleet(4)})
+    r.step()
+    r.finish_admitted()
+    r.step()
+    r.cr = _cr(annotations={approvals.APPROVALS_ANNOTATION: '{"__default__": 1}'})
+    p = r.step()
+    assert p.admit == ()
+    message = p.waiting["n002"].message
+    assert f"annotation {approvals.APPROVALS_ANNOTATION} does not decode" in message
+    assert "`nodewright approve` writes it" in message
+
+
+def test_a_soak_and_an_approval_gate_hold_the_next_batch_until_both_are_over() -> None:
+    r = Rollout(_cr(), _gated([1], batchSoakSeconds=60), {n.name: n for n in _fleet(4)})
+    r.step()
+    r.finish_admitted()
+    p = r.step()
+    finished = r.book.compartments[DEFAULT_COMPARTMENT].finished
+    assert p.waiting["n002"].code == "BatchSoaking"
+    r.cr = _approve(_cr(), DEFAULT_COMPARTMENT, 1, finished)  # approved during the soak
+    assert r.step().admit == ()
+    r.now = T0 + timedelta(seconds=60)
+    assert [a.node for a in r.step().admit] == ["n002", "n003"]
+
+
+def test_the_plan_of_a_gated_rollout_predicts_every_batch_as_if_approved() -> None:
+    """``nodewright plan``'s simulation gives the approvals a person would."""
+    batches, first = simulation.simulate(
+        cr=_cr(),
+        policy=_gated([1, 2]),
+        nodes=_fleet(6),
+        book=BatchBook(),
+        ctx=kernel.Context(now=T0),
+    )
+    assert [b.nodes for b in batches] == [("n000", "n001"), ("n002", "n003"), ("n004", "n005")]
+    assert [a.node for a in first.admit] == ["n000", "n001"]
 
 
 def test_windows_gate_only_the_start_of_new_nodes() -> None:

@@ -43,6 +43,9 @@ def test_a_status_write_wakes_no_node_but_spec_annotations_and_deletion_do() -> 
     rebooked = copy.deepcopy(scheduler)
     rebooked["metadata"]["annotations"]["scheduler.nodewright.nvidia.com/batches"] = '{"a":2}'
     assert status_only(scheduler, rebooked), "the scheduler's batch book is its own"
+    approved = copy.deepcopy(old)
+    approved["metadata"]["annotations"]["nodewright.nvidia.com/approved-batches"] = "{}"
+    assert status_only(old, approved), "only the scheduler decides from approvals"
     paused = copy.deepcopy(old)
     paused["metadata"]["annotations"]["nodewright.nvidia.com/pause"] = "true"
     assert not status_only(old, paused)
