@@ -6,6 +6,7 @@ Commands (docs/cli.md describes each):
   sandbox        run NodeWright locally on simulated nodes, with a live view of a rollout
   events         follow the event stream (CloudEvents), decoded
   plan           dry run of a rollout's batches; reset-batches starts them over
+  approve        let a rollout go on after a batch its policy gates
   pause/resume, disable/enable
   node           list a NodeWright's nodes; status, retry, reset, abort, ignore, unignore one
   package        validate a package directory; status, logs (-f), rerun on nodes
@@ -447,6 +448,31 @@ def reset_batches(
     from nodewright import plan_cmd
 
     plan_cmd.run_reset(_target(ctx, kubeconfig, context), name, dry_run)
+
+
+@cli.command()
+@click.argument("name", shell_complete=NODEWRIGHT_NAMES)
+@click.option(
+    "--compartment",
+    default=None,
+    metavar="NAME",
+    help="approve this compartment only (default: every compartment waiting for approval)",
+)
+@dry_run_option
+@kube_options
+@click.pass_context
+def approve(
+    ctx: click.Context,
+    name: str,
+    compartment: str | None,
+    dry_run: DryRun,
+    kubeconfig: str | None,
+    context: str | None,
+) -> None:
+    """Let a rollout go on after a batch its policy gates (approvalAfterBatches)."""
+    from nodewright import plan_cmd
+
+    plan_cmd.run_approve(_target(ctx, kubeconfig, context), name, compartment, dry_run)
 
 
 def _switch(verb: str, text: str) -> None:

@@ -1,5 +1,6 @@
-"""``nodewright plan NAME``: a dry run of a NodeWright's rollout, and
-``nodewright reset-batches NAME``: the command that resets its batch state.
+"""``nodewright plan NAME``: a dry run of a NodeWright's rollout; ``nodewright
+reset-batches NAME``: the command that resets its batch state; and ``nodewright approve
+NAME``: the approval a compartment waits for between batches.
 
 ``plan`` reads the NodeWright, its DeploymentPolicy, every node and the scheduler's batch
 book, and prints the compartments (strategy, budget, batch state) and the batches the
@@ -11,13 +12,20 @@ with). It writes nothing. ``-o json|yaml`` prints the same as a document for too
 
 ``reset-batches`` sets the annotation ``nodewright.nvidia.com/reset-batch-state`` to the
 current time (``--dry-run``: it only says so); the scheduler then starts every compartment at
-batch 1 again (also one that stopped after failed batches). Deciding is the kernel's job;
-this module only reads, prints, and sets that one annotation.
+batch 1 again (also one that stopped after failed batches).
+
+``approve`` finds, by the kernel's rule, the compartments whose last batch their
+DeploymentPolicy gates (``approvalAfterBatches``) and writes their approval into the
+annotation ``nodewright.nvidia.com/approved-batches`` (``shared.rollout.approvals``).
+
+Deciding is the kernel's job; this module only reads, prints, and sets those two
+annotations.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,7 +37,7 @@ from nodewright.node_cmd import DryRun
 from shared import api, progress, reasons
 from shared.events import Reason
 from shared.kube import ApiError, Kube, path_of
-from shared.rollout import kernel, rules, simulation
+from shared.rollout import approvals, kernel, rules, simulation
 from shared.rollout.book import RESET_ANNOTATION, CompartmentBatch, read_batch_book
 
 
@@ -75,24 +83,132 @@ async def plan_for(kube: Kube, name: str, now: datetime) -> dict[str, Any]:
     # admissions it fences, so a book read after the nodes is never older than what they show.
     nodes = (await kube.get(path_of(plural="nodes")))["items"]
     cr = await node_cmd.require_nodewright(kube, name)
-    policy = None
-    if cr.spec.deployment_policy:
+    return document(cr, await _policy_of(kube, cr), nodes, now)
+
+
+async def _policy_of(kube: Kube, cr: api.NodeWright) -> api.DeploymentPolicy | None:
+    """The DeploymentPolicy ``cr`` names (None: it names none)."""
+    if not cr.spec.deployment_policy:
+        return None
+    try:
+        raw = await kube.get(f"{manifests.POLICIES}/{cr.spec.deployment_policy}")
+    except ApiError as exc:
+        if not exc.not_found:
+            raise
+        raise CommandError(
+            f"NodeWright {cr.metadata.name} names DeploymentPolicy "
+            f"{cr.spec.deployment_policy}, which does not exist: create it, or change "
+            "spec.deploymentPolicy"
+        ) from None
+    try:
+        return api.from_dict(raw, api.DeploymentPolicy)
+    except msgspec.ValidationError as exc:
+        raise CommandError(
+            f"DeploymentPolicy {cr.spec.deployment_policy} does not decode: {exc}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Approving:
+    """What ``nodewright approve`` does: the approvals to write, and the compartments that
+    already have theirs."""
+
+    give: Mapping[str, approvals.Approval]
+    already: Mapping[str, approvals.Approval]
+
+
+def approving(
+    cr: api.NodeWright, policy: api.DeploymentPolicy | None, compartment: str | None
+) -> Approving:
+    """The approval each compartment of ``cr`` (or only ``compartment``) waits for now, by
+    the kernel's rule (:func:`shared.rollout.approvals.gated_batch`); pure. A
+    :class:`CommandError` when there is nothing to approve, saying why."""
+    name = cr.metadata.name
+    compartments = {r.name: r.rollout for r in rules.compartment_rules(cr, policy)}
+    if compartment is not None and compartment not in compartments:
+        raise CommandError(
+            f"NodeWright {name} has no compartment {compartment}: it has "
+            f"{', '.join(sorted(compartments))}"
+        )
+    book = read_batch_book(cr.metadata.annotations)
+    found = approvals.read(cr.metadata.annotations)
+    give: dict[str, approvals.Approval] = {}
+    already: dict[str, approvals.Approval] = {}
+    for comp, rollout in sorted(compartments.items()):
+        if compartment is not None and comp != compartment:
+            continue
+        entry = book.compartments.get(comp, CompartmentBatch())
+        batch = approvals.gated_batch(rollout, entry)
+        if batch is None:
+            continue
+        approval = approvals.Approval(batch=batch, finished=entry.finished)
+        if approvals.approved(found, comp, batch, entry.finished):
+            already[comp] = approval
+        else:
+            give[comp] = approval
+    if not give and not already:
+        where = f"compartment {compartment} of " if compartment is not None else ""
+        raise CommandError(
+            f"{where}NodeWright {name} waits for no approval: none of its batches that "
+            "approvalAfterBatches gates has just finished (`nodewright plan "
+            f"{name}` shows the batches)"
+        )
+    return Approving(give=give, already=already)
+
+
+def run_approve(target: Target, name: str, compartment: str | None, dry_run: DryRun) -> None:
+    async def command(client: Kube) -> None:
+        for line in await approve(client, name, compartment, dry_run=dry_run):
+            output.say(line)
+
+    run(target, command)
+
+
+async def approve(
+    client: Kube, name: str, compartment: str | None, *, dry_run: DryRun = "none"
+) -> list[str]:
+    """Write the approvals NodeWright ``name`` waits for; the lines to print."""
+    attempts = 3
+    while True:
+        cr = await node_cmd.require_nodewright(client, name)
+        todo = approving(cr, await _policy_of(client, cr), compartment)
+        if not todo.give:
+            break
+        # The annotation holds every compartment's approval: written against the
+        # resourceVersion read, so an approval written meanwhile is never lost.
+        given = {**approvals.read(cr.metadata.annotations).by_compartment, **todo.give}
+        body = {
+            "metadata": {
+                "resourceVersion": cr.metadata.resource_version,
+                "annotations": {approvals.APPROVALS_ANNOTATION: approvals.encode(given)},
+            }
+        }
         try:
-            raw = await kube.get(f"{manifests.POLICIES}/{cr.spec.deployment_policy}")
+            await node_cmd.patch(client, f"{manifests.NODEWRIGHTS}/{name}", body, dry_run=dry_run)
         except ApiError as exc:
-            if not exc.not_found:
-                raise
-            raise CommandError(
-                f"NodeWright {name} names DeploymentPolicy {cr.spec.deployment_policy}, which "
-                "does not exist: create it, or change spec.deploymentPolicy"
-            ) from None
-        try:
-            policy = api.from_dict(raw, api.DeploymentPolicy)
-        except msgspec.ValidationError as exc:
-            raise CommandError(
-                f"DeploymentPolicy {cr.spec.deployment_policy} does not decode: {exc}"
-            ) from None
-    return document(cr, policy, nodes, now)
+            attempts -= 1
+            if exc.conflict and attempts:
+                continue  # the NodeWright changed (the scheduler's book): read it again
+            raise
+        break
+    verb = "Would approve" if dry_run != "none" else "Approved"
+    lines = [
+        f"{verb} batch {a.batch} of compartment {comp} of NodeWright {name} (finished "
+        f"{_when(a.finished)}): its next batch opens once any soak is over."
+        for comp, a in todo.give.items()
+    ]
+    lines += [
+        f"Batch {a.batch} of compartment {comp} of NodeWright {name} is already approved; "
+        "no change."
+        for comp, a in todo.already.items()
+    ]
+    lines.append(f"`nodewright plan {name}` shows the batches.")
+    note = node_cmd.dry_run_note(dry_run)
+    return [*lines, note] if note else lines
+
+
+def _when(at: datetime | None) -> str:
+    return at.isoformat(timespec="seconds") if at is not None else "at an unrecorded time"
 
 
 def document(
@@ -126,6 +242,7 @@ def document(
                     book.compartments.get(c.name, CompartmentBatch()).state
                 ),
                 "soakingUntil": _soaking_until(c.unopened),
+                "awaitingApproval": _awaiting_approval(c.unopened),
             }
             for c in first.compartments
         ],
@@ -150,6 +267,14 @@ def _soaking_until(wait: Reason | None) -> str | None:
     return wait.details.get("until")
 
 
+def _awaiting_approval(wait: Reason | None) -> dict[str, Any] | None:
+    """The batch the compartment waits to have approved (``approvalAfterBatches``), and the
+    command that approves it."""
+    if wait is None or wait.code != reasons.BATCH_AWAITING_APPROVAL:
+        return None
+    return {"batch": int(wait.details["batch"]), "command": wait.details["command"]}
+
+
 def compartment_state(c: Mapping[str, Any], batches: Sequence[Mapping[str, Any]]) -> str:
     """What a compartment does now, in words: stopped (and why), a batch in flight, batches
     to come, or nothing left."""
@@ -158,6 +283,9 @@ def compartment_state(c: Mapping[str, Any], batches: Sequence[Mapping[str, Any]]
         return f"stopped ({b.get('stopReason') or 'Stopped'})"
     if b.get("batchSize"):
         return "batch in flight"
+    if c.get("awaitingApproval"):
+        a = c["awaitingApproval"]
+        return f"awaiting approval of batch {a['batch']} (`{a['command']}`)"
     if c.get("soakingUntil"):
         until = datetime.fromisoformat(c["soakingUntil"])
         return f"soaking until {until.isoformat(timespec='seconds')}"

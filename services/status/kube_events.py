@@ -37,7 +37,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal, assert_never
 
 from services.status import assessing
-from shared import api, events, nodestate, progress, subjects
+from shared import api, events, nodestate, progress, reasons, subjects
 from shared.records.status import Reported
 from shared.rollout import book as batch_book
 
@@ -515,7 +515,19 @@ COMPARTMENT_REASONS: Final = (
 """The reasons of per-compartment Events, in the order one pass raises them."""
 VERBOSE_ONLY: Final = frozenset({COMPARTMENT_WAITING, COMPARTMENT_COMPLETED})
 """Compartment transitions raised only in verbose mode: a wait is shown by the status (and
-the node reasons), a compartment's completion by the rollout's."""
+the node reasons), a compartment's completion by the rollout's. Except a wait only a person
+ends (:data:`WAITS_FOR_A_PERSON`)."""
+WAITS_FOR_A_PERSON: Final = frozenset({reasons.BATCH_AWAITING_APPROVAL})
+"""Compartment waits that end only when someone acts: their CompartmentWaiting Event is
+raised in every mode, so whoever watches Events (or alerts on them) learns of it."""
+
+
+def raised(change: CompartmentChange, *, verbose: bool) -> bool:
+    """Whether a compartment change becomes an Event in this mode."""
+    if verbose or change.reason not in VERBOSE_ONLY:
+        return True
+    return change.annotations.get(ANNOTATION_WAITING) in WAITS_FOR_A_PERSON
+
 
 ANNOTATION_COMPARTMENT: Final = f"{nodestate.DOMAIN}/compartment"
 """Annotation on every per-compartment Event: the compartment (an annotation, because

@@ -600,8 +600,8 @@ class Status:
         pass to what it wrote. A failure loses Events, never status: the next pass compares
         against what this one wrote."""
         changes = kube_events.compartment_changes(cr, status.compartments, views, observed)
-        if not self.settings.verbose_events:
-            changes = [c for c in changes if c.reason not in kube_events.VERBOSE_ONLY]
+        verbose = self.settings.verbose_events
+        changes = [c for c in changes if kube_events.raised(c, verbose=verbose)]
         if not status_written:
             # The CR changed meanwhile: its previous status may be stale, and the re-run sees
             # the same batch transitions again. The node records were written, though, so the

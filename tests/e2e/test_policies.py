@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from nodewright import manifests, plan_cmd
+from nodewright.connecting import CommandError
 from nodewright.rig import nodes
 from services.status import kube_events
 from shared import api, nodestate, podspec, progress
@@ -976,3 +977,72 @@ async def test_a_batch_soak_holds_the_next_batch_for_its_seconds_then_opens_it_a
         assert end + soak <= start <= end + soak + timedelta(seconds=3), (end, start)
     assert "soaks after batch" in said["BatchSoaking"]
     assert "(batchSoakSeconds: 8)" in said["BatchSoaking"]
+
+
+async def test_an_approval_gate_holds_the_next_batch_until_nodewright_approve(
+    cluster: Kube, services: Services
+) -> None:
+    """``approvalAfterBatches: [1]``, two nodes a batch: once batch 1 finished, the waiting
+    nodes, the compartment's status and a CompartmentWaiting Event say
+    BatchAwaitingApproval with the command that approves it, and no node of batch 2 is
+    admitted until ``nodewright approve`` wrote the approval; then batch 2 opens at once
+    (the resync is 2 minutes here: the approval's change of the NodeWright wakes the
+    scheduler). ``nodewright plan`` meanwhile says which batch awaits approval."""
+    kapi = cluster
+    names = await _nodes(kapi, [f"appr-{i}" for i in range(4)], nodepool="appr")
+    spec = {"budget": {"count": 2}, "strategy": {"fixed": {"batchSize": 2}}}
+    await manifests.apply(kapi, _policy("appr", {"default": {**spec, "approvalAfterBatches": [1]}}))
+    log = BatchLog(kapi, "appr")
+    said: dict[str, str] = {}
+    compartment_waits: set[str] = set()
+
+    async def probe() -> int:
+        await log.probe()
+        obj = await read_cr(kapi, "appr")
+        for d in obj.status.node_details:
+            said.setdefault(d.reason, d.message)
+        compartment_waits.update(c.waiting_reason for c in obj.status.compartments)
+        return 0
+
+    services.fleet.extra_env["NODEWRIGHT_RESYNC_INTERVAL_S"] = "120"
+    await asyncio.to_thread(services.fleet.start_all)
+    async with Sampler(probe) as s:
+        await manifests.apply(kapi, _cr("appr", pool="appr", policy="appr"))
+
+        async def awaiting() -> bool | Pending:
+            if "BatchAwaitingApproval" in said and "BatchAwaitingApproval" in compartment_waits:
+                return True
+            return Pending(f"nodes say {sorted(said)}, compartments {sorted(compartment_waits)}")
+
+        await eventually(awaiting, timeout_s=90, what="the rollout waiting for approval")
+        planned = await plan_cmd.plan_for(kapi, "appr", datetime.now(UTC))
+        first = {n for n, (_, batch, _) in log.seen.items() if batch == 1}
+        assert len(log.seen) == 2, f"only batch 1 is admitted before the approval: {log.seen}"
+        approved_at = datetime.now(UTC)
+        lines = await plan_cmd.approve(kapi, "appr", None)
+        await eventually(lambda: _all_done(kapi, "appr"), timeout_s=120, what="every node done")
+        await s.stop()
+    assert lines[0].startswith("Approved batch 1 of compartment __default__ of NodeWright appr")
+    command = "nodewright approve appr --compartment __default__"
+    why = said["BatchAwaitingApproval"]
+    assert "waits for approval after batch 1 (approvalAfterBatches)" in why
+    assert f"check its nodes, then `{command}`" in why
+    (comp,) = planned["compartments"]
+    assert comp["awaitingApproval"] == {"batch": 1, "command": command}, comp
+    second = {n: at for n, (_, batch, at) in log.seen.items() if batch == 2}
+    assert set(second) == set(names) - first, log.seen
+    assert all(at >= approved_at - timedelta(seconds=1) for at in second.values()), (
+        approved_at,
+        second,
+    )
+    assert max(second.values()) <= approved_at + timedelta(seconds=10), "it opens at once then"
+    listed = await kapi.get(
+        path_of(plural="events", namespace=kube_events.EVENT_NAMESPACE),
+        labelSelector=f"{kube_events.LABEL_NODEWRIGHT}=appr",
+    )
+    waits = [
+        e["message"] for e in listed["items"] if e.get("reason") == kube_events.COMPARTMENT_WAITING
+    ]
+    assert any("waits for approval after batch 1" in m for m in waits), waits
+    with pytest.raises(CommandError, match="waits for no approval"):
+        await plan_cmd.approve(kapi, "appr", None)

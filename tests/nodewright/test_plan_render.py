@@ -101,6 +101,7 @@ def test_a_fresh_rollout_lists_every_compartment_and_batch() -> None:
                 "busyNodes": 0,
                 "batch": {},
                 "soakingUntil": None,
+                "awaitingApproval": None,
             },
             {
                 "name": "bulk",
@@ -110,6 +111,7 @@ def test_a_fresh_rollout_lists_every_compartment_and_batch() -> None:
                 "busyNodes": 0,
                 "batch": {},
                 "soakingUntil": None,
+                "awaitingApproval": None,
             },
             {
                 "name": "__default__",
@@ -119,6 +121,7 @@ def test_a_fresh_rollout_lists_every_compartment_and_batch() -> None:
                 "busyNodes": 0,
                 "batch": {},
                 "soakingUntil": None,
+                "awaitingApproval": None,
             },
         ],
         "batches": [
@@ -212,6 +215,7 @@ def test_a_rollout_in_flight_shows_its_batch_state_busy_nodes_and_a_closed_windo
             "busyNodes": 2,
             "batch": {"currentBatch": 2, "batchSize": 2, "totalSucceededNodes": 1},
             "soakingUntil": None,
+            "awaitingApproval": None,
         }
     ]
     assert plan_cmd.render(doc).splitlines() == [

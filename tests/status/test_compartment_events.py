@@ -327,6 +327,30 @@ def test_a_reset_by_command_starts_batch_one_again_under_a_new_event_name() -> N
 # ---- waits ---------------------------------------------------------------------------------
 
 
+def test_only_a_wait_that_a_person_ends_is_an_event_outside_verbose_mode() -> None:
+    def change(reason: str, waiting: str = "") -> kube_events.CompartmentChange:
+        notes = {kube_events.ANNOTATION_WAITING: waiting} if waiting else {}
+        return kube_events.CompartmentChange(
+            compartment=DEFAULT,
+            reason=reason,
+            type_="Normal",
+            message="",
+            key="k",
+            annotations=notes,
+        )
+
+    approval = change("CompartmentWaiting", "BatchAwaitingApproval")
+    for c in (approval, change("BatchStarted"), change("CompartmentStopped")):
+        assert kube_events.raised(c, verbose=False), c
+    for c in (
+        change("CompartmentWaiting", "Paused"),
+        change("CompartmentWaiting", "BatchSoaking"),
+        change("CompartmentCompleted"),
+    ):
+        assert not kube_events.raised(c, verbose=False), c
+        assert kube_events.raised(c, verbose=True), c
+
+
 def test_a_wait_is_reported_when_its_reason_changes_and_not_while_it_lasts() -> None:
     w = _world("a", "b")
     assert w.step() == [], "waiting for the first batch is no news"
