@@ -149,9 +149,9 @@ def approving(
     if not give and not already:
         where = f"compartment {compartment} of " if compartment is not None else ""
         raise CommandError(
-            f"{where}NodeWright {name} waits for no approval: none of its batches that "
-            "approvalAfterBatches gates has just finished (`nodewright plan "
-            f"{name}` shows the batches)"
+            f"{where}NodeWright {name} waits for no approval now: no batch its "
+            "DeploymentPolicy gates (approvalAfterBatches) has finished and awaits one "
+            f"(`nodewright plan {name}` shows the batches)"
         )
     return Approving(give=give, already=already)
 
@@ -254,6 +254,7 @@ def document(
                 "nodes": list(b.nodes),
                 "orders": list(b.orders),
                 "inFlight": b.in_flight,
+                "afterApproval": b.after_approval,
             }
             for b in batches
         ],
@@ -332,7 +333,11 @@ def render(doc: Mapping[str, Any], *, wide: bool = False) -> str:
             b["compartment"],
             b["batch"],
             b["size"],
-            "in flight" if b["inFlight"] else "planned",
+            "in flight"
+            if b["inFlight"]
+            else "after approval"
+            if b.get("afterApproval")
+            else "planned",
         ]
         if wide:
             row.append(", ".join(str(o) for o in b["orders"]) or "-")

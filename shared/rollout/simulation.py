@@ -39,6 +39,9 @@ class PlannedBatch:
     orders: tuple[int | None, ...] = ()
     """Per node of ``nodes``, its node order (``Selection.order``): the one it holds, or the
     one it will get; None: unknown (an admission without one, or not admitted)."""
+    after_approval: bool = False
+    """It opens only once a person approved the batch before it (``approvalAfterBatches``):
+    the simulation gave that approval."""
 
 
 def written(node: NodeFacts, **changes: object) -> NodeFacts:
@@ -76,20 +79,26 @@ def as_done(cr: api.NodeWright, node: NodeFacts) -> NodeFacts:
 def approve_waits(cr: api.NodeWright, p: kernel.Plan) -> api.NodeWright:
     """``cr`` with an approval of every batch a compartment of ``p`` waits to have approved
     (``cr`` itself when none waits)."""
+    return _approving(cr, p)[0]
+
+
+def _approving(cr: api.NodeWright, p: kernel.Plan) -> tuple[api.NodeWright, set[tuple[str, int]]]:
+    """:func:`approve_waits`, and the (compartment, batch) that each approval lets open."""
+    opens: set[tuple[str, int]] = set()
     found = approvals.read(cr.metadata.annotations)
     given = dict(found.by_compartment)
     for comp in p.compartments:
         wait = comp.unopened
         if wait is None or wait.code != reasons.BATCH_AWAITING_APPROVAL:
             continue
-        given[comp.name] = approvals.Approval(
-            batch=int(wait.details["batch"]), finished=comp.batch.finished
-        )
+        batch = int(wait.details["batch"])
+        given[comp.name] = approvals.Approval(batch=batch, finished=comp.batch.finished)
+        opens.add((comp.name, batch + 1))
     if given == found.by_compartment:
-        return cr
+        return cr, set()
     notes = {**cr.metadata.annotations, approvals.APPROVALS_ANNOTATION: approvals.encode(given)}
     meta = msgspec.structs.replace(cr.metadata, annotations=notes)
-    return msgspec.structs.replace(cr, metadata=meta)
+    return msgspec.structs.replace(cr, metadata=meta), opens
 
 
 def simulate(
@@ -112,6 +121,7 @@ def simulate(
         if c.nodes
     ]
     seen = {(b.compartment, b.batch) for b in batches}
+    approved: set[tuple[str, int]] = set()
     orders: dict[str, int | None] = {
         n.name: n.selection.order for n in nodes if n.selection is not None
     }
@@ -132,7 +142,11 @@ def simulate(
             key = (comp.name, comp.batch.state.current_batch)
             if comp.batch.nodes and key not in seen:
                 seen.add(key)
-                batches.append(PlannedBatch(comp.name, key[1], comp.batch.nodes))
+                batches.append(
+                    PlannedBatch(
+                        comp.name, key[1], comp.batch.nodes, after_approval=key in approved
+                    )
+                )
         for a in p.admit:
             orders[a.node] = a.selection.order
             state[a.node] = written(state[a.node], selection=a.selection)
@@ -153,9 +167,10 @@ def simulate(
             changed = True
         if not changed:
             # A compartment waits for a person's approval: the simulation gives it.
-            given = approve_waits(cr, p)
+            given, opens = _approving(cr, p)
             changed = given is not cr
             cr = given
+            approved |= opens
         if not changed:
             break
     batches = [replace(b, orders=tuple(orders.get(n) for n in b.nodes)) for b in batches]

@@ -135,6 +135,6 @@ def test_the_plan_says_which_batch_waits_for_approval_and_the_command() -> None:
     )
     # The batches to come are still predicted, as if approved.
     assert lines[-2:] == [
-        "__default__   2       2      planned   n00, n01",
-        "__default__   3       2      planned   n02, n03",
+        "__default__   2       2      after approval   n00, n01",
+        "__default__   3       2      planned          n02, n03",
     ]

@@ -132,6 +132,7 @@ def test_a_fresh_rollout_lists_every_compartment_and_batch() -> None:
                 "nodes": ns,
                 "orders": orders,
                 "inFlight": False,
+                "afterApproval": False,
             }
             # The node orders they will get: one counter, compartments in rule order.
             for c, b, ns, orders in [

@@ -586,6 +586,7 @@ def test_the_plan_of_a_gated_rollout_predicts_every_batch_as_if_approved() -> No
         ctx=kernel.Context(now=T0),
     )
     assert [b.nodes for b in batches] == [("n000", "n001"), ("n002", "n003"), ("n004", "n005")]
+    assert [b.after_approval for b in batches] == [False, True, True]
     assert [a.node for a in first.admit] == ["n000", "n001"]
 
 
