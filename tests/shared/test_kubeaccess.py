@@ -8,6 +8,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import os
 import ssl
 import subprocess
 import sys
@@ -274,6 +275,22 @@ def test_a_service_does_not_load_the_generated_client_nor_yaml(module: str) -> N
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("module", ["services.__main__", "services.drainer.__main__"])
+def test_a_service_process_does_not_load_libstdcxx(module: str) -> None:
+    """Issue 15: frozenlist's C++ extension (aiohttp's signal lists) loaded libstdc++, 0.6 to
+    1 MB of each process; the services package asks for its pure-Python lists."""
+    env = {k: v for k, v in os.environ.items() if k != "FROZENLIST_NO_EXTENSIONS"}
+    probe = (
+        f"import importlib; importlib.import_module({module!r}.rsplit('.', 1)[0]); "
+        "import aiohttp, frozenlist; "
+        "print(frozenlist.NO_EXTENSIONS, 'stdc++' in open('/proc/self/maps').read())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env
+    ).stdout
+    assert out.split() == ["True", "False"]
 
 
 async def test_a_watch_does_not_take_one_of_the_requests_slots(tmp_path: Path) -> None:
