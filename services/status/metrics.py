@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Final, get_args
 
 from services.status.assessing import NodeView
-from shared import api
+from shared import api, reasons
 from shared.rollout import rules
 
 PREFIX: Final = "nodewright_"
@@ -139,6 +139,12 @@ ROLLOUT_STOPPED: Final = Family(
     "1 while the compartment's stop gate holds (no new node starts), else 0",
     _ROLLOUT,
 )
+ROLLOUT_AWAITING_APPROVAL: Final = Family(
+    f"{PREFIX}rollout_awaiting_approval",
+    "1 while the compartment waits for a person's approval after a batch "
+    "(approvalAfterBatches; nodewright approve), else 0",
+    _ROLLOUT,
+)
 
 FAMILIES: Final[tuple[Family, ...]] = (
     STATUS,
@@ -156,6 +162,7 @@ FAMILIES: Final[tuple[Family, ...]] = (
     ROLLOUT_CURRENT_BATCH,
     ROLLOUT_CONSECUTIVE_FAILED_BATCHES,
     ROLLOUT_STOPPED,
+    ROLLOUT_AWAITING_APPROVAL,
 )
 """Every gauge, in the order :func:`samples` lists them."""
 
@@ -170,6 +177,10 @@ _ROLLOUT_VALUES: Final[tuple[tuple[Family, Callable[[api.CompartmentStatus], int
     (ROLLOUT_CURRENT_BATCH, lambda c: c.batch.current_batch),
     (ROLLOUT_CONSECUTIVE_FAILED_BATCHES, lambda c: c.batch.consecutive_failed_batches),
     (ROLLOUT_STOPPED, lambda c: int(c.batch.stopped)),
+    (
+        ROLLOUT_AWAITING_APPROVAL,
+        lambda c: int(c.waiting_reason == reasons.BATCH_AWAITING_APPROVAL),
+    ),
 )
 """The rollout gauges and the compartment status field each exports."""
 

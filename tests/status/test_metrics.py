@@ -4,6 +4,7 @@ status the pass computes (``assessing.assess`` then ``core.summarize``)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 import msgspec
@@ -14,7 +15,7 @@ from shared.records.drainer import DrainRecord
 from shared.records.executor import ExecutorRecord, PackageRecord
 from shared.records.scheduler import Selection
 from shared.records.validator import ValidatorRecord
-from shared.rollout import book as rollout_book
+from shared.rollout import approvals, book as rollout_book
 from tests.helpers import status as status_helpers
 from tests.helpers.facts import T0, node, nodewright
 
@@ -165,6 +166,8 @@ def test_a_rollout_under_a_policy_with_two_compartments_exports_every_series() -
         f"nodewright_rollout_consecutive_failed_batches{{{canary}}} 0",
         f"nodewright_rollout_stopped{{{default}}} 0",
         f"nodewright_rollout_stopped{{{canary}}} 0",
+        f"nodewright_rollout_awaiting_approval{{{default}}} 0",
+        f"nodewright_rollout_awaiting_approval{{{canary}}} 0",
     ]
 
 
@@ -201,11 +204,40 @@ def test_a_stopped_compartment_without_a_policy_shows_its_gate_and_batch() -> No
         f"nodewright_rollout_current_batch{{{labels}}} 3",
         f"nodewright_rollout_consecutive_failed_batches{{{labels}}} 2",
         f"nodewright_rollout_stopped{{{labels}}} 1",
+        f"nodewright_rollout_awaiting_approval{{{labels}}} 0",
     ]
     pkg = f"{nw},package=nvidia-tuned,version=0.9.0"
     assert [line for line in _of(samples, metrics.PACKAGE_STAGE_NODES) if line.endswith(" 1")] == [
         f"nodewright_package_stage_nodes{{{pkg},stage=post-interrupt}} 1"
     ]
+
+
+def test_a_compartment_waiting_for_approval_says_so_until_it_is_approved() -> None:
+    finished = T0 + timedelta(minutes=1)
+    between = rollout_book.CompartmentBatch(
+        state=api.BatchState(current_batch=2, total_succeeded_nodes=1), finished=finished
+    )
+    book = rollout_book.BatchBook(compartments={"__default__": between})
+    notes = {rollout_book.BATCHES_ANNOTATION: rollout_book.encode_batch_book(book)}
+    policy = api.from_dict(
+        {
+            "metadata": {"name": "careful"},
+            "spec": {"default": {"budget": {"count": 1}, "approvalAfterBatches": [1]}},
+        },
+        api.DeploymentPolicy,
+    )
+    cr = nodewright(deploymentPolicy="careful", annotations=notes)
+    labels = f"nodewright={CR},policy=careful,compartment=__default__,strategy=none"
+    gauge = f"nodewright_rollout_awaiting_approval{{{labels}}}"
+    waiting = _pass(cr, policy, _complete(cr, "a"), node("b"))
+    assert _of(waiting, metrics.ROLLOUT_AWAITING_APPROVAL) == [f"{gauge} 1"]
+    approval = approvals.encode({"__default__": approvals.Approval(batch=1, finished=finished)})
+    approved = nodewright(
+        deploymentPolicy="careful",
+        annotations={**notes, approvals.APPROVALS_ANNOTATION: approval},
+    )
+    going = _pass(approved, policy, _complete(approved, "a"), node("b"))
+    assert _of(going, metrics.ROLLOUT_AWAITING_APPROVAL) == [f"{gauge} 0"]
 
 
 def test_the_status_series_switch_from_in_progress_to_complete() -> None:

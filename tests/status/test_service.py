@@ -738,6 +738,7 @@ async def test_metrics_show_each_nodewright_and_its_series_go_when_it_is_deleted
                     ("current_batch", 1.0),
                     ("consecutive_failed_batches", 0.0),
                     ("stopped", 0.0),
+                    ("awaiting_approval", 0.0),
                 )
             },
         }
