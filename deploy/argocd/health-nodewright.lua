@@ -9,7 +9,9 @@
 -- attention), status.state, status.nodeCounts and the problem conditions.
 --
 --   Healthy      Ready is True for the current generation
---   Suspended    paused or disabled (nodewright pause / disable), also while a deletion waits for that
+--   Suspended    paused or disabled (nodewright pause / disable), also while a deletion waits for that;
+--                or nothing in progress and a compartment waiting for a person's approval
+--                (approvalAfterBatches: nodewright approve), as Argo CD shows a paused Rollout
 --   Degraded     a node failed, the rollout stopped at a failure gate, every remaining node is
 --                blocked, the DeploymentPolicy is missing, node records do not decode, or a
 --                deletion is blocked by any of these
@@ -92,6 +94,17 @@ local function health(o)
     local c = conditionOf(o, ctype)
     if isTrue(c) then
       return "Degraded", ctype .. ": " .. text(c, ctype)
+    end
+  end
+  local inProgress = 0
+  if status.nodeCounts ~= nil and status.nodeCounts.inProgress ~= nil then
+    inProgress = status.nodeCounts.inProgress
+  end
+  if inProgress == 0 and status.compartments ~= nil then
+    for _, c in ipairs(status.compartments) do
+      if c.waitingReason == "BatchAwaitingApproval" then
+        return "Suspended", "Awaiting approval: " .. (c.waitingMessage or c.name)
+      end
     end
   end
   return "Progressing", state .. ": " .. text(ready, "rolling out")

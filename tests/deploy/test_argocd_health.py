@@ -99,6 +99,32 @@ def test_a_missing_policy_is_degraded_naming_it() -> None:
     assert health_everywhere(obj) == ("Degraded", f"DeploymentPolicyNotFound: {message}")
 
 
+def test_a_rollout_waiting_only_for_an_approval_is_suspended_as_a_paused_rollout() -> None:
+    message = (
+        "compartment __default__ waits for approval after batch 1 (approvalAfterBatches): "
+        "check its nodes, then `nodewright approve gpu --compartment __default__` (3 nodes, "
+        "e.g. gpu-1)"
+    )
+    waiting = {"name": "__default__", "waitingReason": "BatchAwaitingApproval"}
+    obj = _nw(
+        observedGeneration=1,
+        state="Waiting",
+        nodeCounts={"target": 4, "complete": 1, "waiting": 3},
+        compartments=[
+            {"name": "canary", "waitingReason": ""},
+            {**waiting, "waitingMessage": message},
+        ],
+        conditions=[_ready("False", "Waiting", "1/4 nodes complete, 3 waiting (...)")],
+    )
+    assert health_everywhere(obj) == ("Suspended", f"Awaiting approval: {message}")
+    # Another compartment still moving: progressing.
+    moving = {**obj, "status": {**obj["status"], "nodeCounts": {"target": 4, "inProgress": 1}}}
+    assert health_everywhere(moving)[0] == "Progressing"
+    # A failed node still says Degraded first.
+    failed = {**obj, "status": {**obj["status"], "nodeCounts": {"target": 4, "failed": 1}}}
+    assert health_everywhere(failed)[0] == "Degraded"
+
+
 def test_messages_keep_quotes_backslashes_newlines_and_utf8() -> None:
     message = 'gpu-0: StageFailed: exit 1 "no \\ such" file\nnächste Zeile — ✓'
     obj = _nw(
