@@ -33,6 +33,7 @@ from shared import api, nodestate, podspec, progress
 from shared.kube import ApiError, Kube, path_of
 from shared.records.scheduler import Selection
 from shared.rollout import book as rollout_book
+from tests.deploy.argocd import health_everywhere
 from tests.e2e.conftest import NODES, Sampler, Services, read_cr
 from tests.helpers.waiting import Pending, eventually
 
@@ -987,7 +988,8 @@ async def test_an_approval_gate_holds_the_next_batch_until_nodewright_approve(
     BatchAwaitingApproval with the command that approves it, and no node of batch 2 is
     admitted until ``nodewright approve`` wrote the approval; then batch 2 opens at once
     (the resync is 2 minutes here: the approval's change of the NodeWright wakes the
-    scheduler). ``nodewright plan`` meanwhile says which batch awaits approval."""
+    scheduler). ``nodewright plan`` meanwhile says which batch awaits approval, and Argo CD's
+    health check says Suspended."""
     kapi = cluster
     names = await _nodes(kapi, [f"appr-{i}" for i in range(4)], nodepool="appr")
     spec = {"budget": {"count": 2}, "strategy": {"fixed": {"batchSize": 2}}}
@@ -1015,6 +1017,12 @@ async def test_an_approval_gate_holds_the_next_batch_until_nodewright_approve(
             return Pending(f"nodes say {sorted(said)}, compartments {sorted(compartment_waits)}")
 
         await eventually(awaiting, timeout_s=90, what="the rollout waiting for approval")
+
+        async def suspended() -> bool | Pending:
+            seen = health_everywhere(await kapi.get(f"{manifests.NODEWRIGHTS}/appr"))
+            return seen[0] == "Suspended" or Pending(f"Argo CD health {seen}")
+
+        await eventually(suspended, timeout_s=30, what="Argo CD health Suspended")
         planned = await plan_cmd.plan_for(kapi, "appr", datetime.now(UTC))
         first = {n for n, (_, batch, _) in log.seen.items() if batch == 1}
         assert len(log.seen) == 2, f"only batch 1 is admitted before the approval: {log.seen}"
