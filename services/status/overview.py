@@ -119,6 +119,8 @@ def nodewright(raw: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]]) -> di
                 "batchSize": c.batch.batch_size,
                 "stopped": c.batch.stopped,
                 "stopReason": c.batch.stop_reason,
+                "waitingReason": c.waiting_reason,
+                "waitingMessage": c.waiting_message,
                 "batchNodes": list((book.compartments.get(c.name) or CompartmentBatch()).nodes),
             }
             for c in status.compartments

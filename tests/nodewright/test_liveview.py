@@ -224,6 +224,15 @@ def test_the_page_document_groups_target_nodes_by_state_with_reasons() -> None:
     assert nw["nodes"]["Waiting"] == [], "n0 has no node condition yet: not reported"
     (comp,) = nw["compartments"]
     assert (comp["currentBatch"], comp["batchSize"], comp["batchNodes"]) == (2, 2, ["n1", "n2"])
+    assert (comp["waitingReason"], comp["waitingMessage"]) == ("", "")
     assert doc["invalid"] == []
+    approval = msgspec.structs.replace(
+        _compartment(2, 0, 1),
+        waiting_reason="BatchAwaitingApproval",
+        waiting_message="compartment __default__ waits for approval after batch 1",
+    )
+    (waits,) = overview.document([_cr(compartments=[approval])], _nodes())["nodewrights"]
+    assert waits["compartments"][0]["waitingReason"] == "BatchAwaitingApproval"
+    assert waits["compartments"][0]["waitingMessage"].endswith("after batch 1")
     broken = {"metadata": {"name": "broken"}, "spec": {"packages": "not a map"}}
     assert overview.document([broken], [])["invalid"] == ["broken"]

@@ -41,6 +41,14 @@ function counts(nw) {
   );
 }
 
+// What the compartment does now: stopped, waiting (why: an approval, a soak, a window ...;
+// the message, with what to do, on hover), or rolling.
+function compartmentState(c) {
+  if (c.stopped) return `stopped (${c.stopReason || "Stopped"})`;
+  if (c.waitingReason) return `waiting (${c.waitingReason})`;
+  return "rolling";
+}
+
 function compartments(nw) {
   const rows = nw.compartments.map((c) =>
     el(
@@ -53,7 +61,7 @@ function compartments(nw) {
       el("td", { text: `${c.completeNodes}/${c.matchedNodes}` }),
       el("td", { text: String(c.inProgressNodes) }),
       el("td", { text: String(c.failedNodes) }),
-      el("td", { text: c.stopped ? `stopped (${c.stopReason || "Stopped"})` : "rolling" }),
+      el("td", { text: compartmentState(c), title: c.waitingMessage || "" }),
     ),
   );
   return table(
