@@ -293,6 +293,31 @@ def test_a_service_process_does_not_load_libstdcxx(module: str) -> None:
     assert out.split() == ["True", "False"]
 
 
+@pytest.mark.parametrize("module", ["services.__main__", "services.executor.__main__"])
+def test_a_service_process_holds_no_system_ca_bundle_it_never_uses(
+    module: str, tmp_path: Path
+) -> None:
+    """Issue 15: aiohttp's import-time default contexts loaded the system's CA bundle, 2 MiB
+    of every process, for requests the services never make without a context of their own.
+    The operator's settings still hold for every context built after the import."""
+    bundle = tmp_path / "cas.pem"
+    bundle.write_bytes(_bundle("127.0.0.1").ca_cert)
+    env = {**os.environ, "SSL_CERT_FILE": str(bundle)}
+    env.pop("SSL_CERT_DIR", None)
+    probe = (
+        f"import importlib; importlib.import_module({module!r}.rsplit('.', 1)[0]); "
+        "import os, ssl, aiohttp.connector as c; "
+        "print(c._SSL_CONTEXT_VERIFIED.cert_store_stats()['x509_ca'], "
+        "c._SSL_CONTEXT_UNVERIFIED.cert_store_stats()['x509_ca'], "
+        "ssl.create_default_context().cert_store_stats()['x509_ca'], "
+        "os.environ['SSL_CERT_FILE'] == " + repr(str(bundle)) + ", 'SSL_CERT_DIR' in os.environ)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env
+    ).stdout
+    assert out.split() == ["0", "0", "1", "True", "False"]
+
+
 async def test_a_watch_does_not_take_one_of_the_requests_slots(tmp_path: Path) -> None:
     """Issue 15: a watch holds its connection for minutes. In the requests' pool, a
     process's watches held that many of its slots for good; with one slot, a watch left
