@@ -270,6 +270,14 @@ node's throwaway host root, never this machine:
   cat {node.host_root}/proc/sys/vm/swappiness
   ls -R {node.host_root}/var/log/nodewright/sysctl-tuning
   {kubectl} get pods -n {NAMESPACE} -o wide --field-selector spec.nodeName={node.name}
+
+To try a package of your own on it, push its image to the rig's registry, {rig.registry}
+(plain HTTP; the real node pulls from it), and target the node (docs/packages.md, "Trying a
+package on a real node"):
+  buildah bud -t {rig.registry}/my-package:1.0.0 DIR
+  buildah push --tls-verify=false {rig.registry}/my-package:1.0.0
+  then a NodeWright with `nodeSelectors: {{matchLabels: {{nodepool: real}}}}` and a package
+  `image: {rig.registry}/my-package`, `version: 1.0.0`
 """
 
 

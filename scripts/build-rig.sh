@@ -73,7 +73,8 @@ build() { # name component outputs... ; the build cmd follows after '--'
       (cd "$here/tools/pause" && go build -trimpath -ldflags "-s -w" -o "$tmp/pause" .) \
         || die "pause build failed (tools/pause); see the go output above." ;;
     crane)
-      # `crane registry serve`: an OCI registry on loopback for the chart's push/install test.
+      # `crane registry serve`: an OCI registry on loopback for the chart's push/install test,
+      # and the real nodes' registry on the rig's bridge (nodewright.rig.Rig.registry).
       (cd "$here/tools/crane" && go build -trimpath -ldflags "-s -w" -o "$tmp/crane" github.com/google/go-containerregistry/cmd/crane) \
         || die "crane build failed (module github.com/google/go-containerregistry); see the go output above." ;;
     helm)

@@ -294,6 +294,7 @@ class Rig:
             self._timed("kwok", self._start_kwok)
             self._timed("nats-server", self.start_nats)
             if self.real is not None:
+                self._timed("registry", self._start_registry)
                 self._timed("real nodes", self._start_real_nodes)
         except BaseException:
             self.stop()
@@ -634,6 +635,27 @@ class Rig:
             self.real.prepare(new_token=lambda: secrets.token_hex(24))
         except _realnode.NodeStartError as exc:
             raise self._node_error(exc) from None
+
+    @property
+    def registry(self) -> str | None:
+        """``host:port`` of the rig's OCI registry (plain HTTP, in memory), with real nodes:
+        push an image there (``crane push --insecure``, ``buildah push --tls-verify=false``)
+        and a real node pulls it as a cluster's nodes pull from theirs."""
+        if self.real is None or self.real.network is None:
+            return None
+        return self.real.network.registry
+
+    def _start_registry(self) -> None:
+        address = self.registry
+        assert address is not None
+        crane = self.bin_dir / "crane"
+        if not os.access(crane, os.X_OK):
+            raise RigError(
+                "registry",
+                f"crane not found at {crane}; build it with `scripts/build-rig.sh crane`",
+            )
+        proc = self._spawn("registry", [str(crane), "registry", "serve", "--address", address])
+        self._wait(proc, lambda: self._http_ok(f"http://{address}/v2/", verify=False), "serving")
 
     def _start_real_nodes(self) -> None:
         assert self.real is not None

@@ -25,9 +25,11 @@ it all, and a later start first removes what a crashed run's ledger lists (and a
 ``nwrig*`` namespace or link that no live ledger claims).
 
 Images come from ``scripts/build-images.sh`` (``index.tsv``) and are imported into each
-node's containerd before kubelet starts. A component that fails raises :class:`RigError`
-naming it and the condition, with the tail of its log. Building binaries or images is not
-this module's job.
+node's containerd before kubelet starts. Any other image is pulled as on a cluster: each
+node's containerd reaches the rig's registry (:attr:`Network.registry`, plain HTTP on the
+bridge, served by the rig) through a ``hosts.toml`` of its own. A component that fails
+raises :class:`RigError` naming it and the condition, with the tail of its log. Building
+binaries or images is not this module's job.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ from typing import Any, Literal
 import yaml
 
 REAL_NODE_BINARIES = ("kubelet", "kube-proxy")
+REGISTRY_PORT = 5000
+"""The rig's registry listens here on the bridge address, which is the rig's own."""
+REGISTRY_HOSTS = "certs.d"
+"""containerd's registry host directory in a node's directory: ``<host:port>/hosts.toml``."""
 RUNTIME_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr")
 Runtime = Literal["containerd", "containerd-1.6"]
 """``containerd``: 2.2 from the Go module proxy (image volumes); ``containerd-1.6``:
@@ -112,6 +118,12 @@ class Network:
     def host_ip(self) -> str:
         """The machine's end: the API server (and NATS, for pods) listen here."""
         return f"10.213.{self.slot}.1"
+
+    @property
+    def registry(self) -> str:
+        """``host:port`` of the rig's OCI registry on the bridge: a package pushed there is
+        pulled by the real nodes as a cluster's nodes pull from theirs."""
+        return f"{self.host_ip}:{REGISTRY_PORT}"
 
     @property
     def service_cidr(self) -> str:
@@ -428,6 +440,8 @@ state = "/run/containerd"
   snapshotter = "overlayfs"
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "{PAUSE_IMAGE}"
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = "{node_dir / REGISTRY_HOSTS}"
 
 [plugins."io.containerd.cri.v1.runtime"]
   # Root here cannot lower oom_score_adj ("Permission denied"): without this every sandbox
@@ -459,6 +473,8 @@ state = "/run/containerd"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{PAUSE_IMAGE}"
   restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{node_dir / REGISTRY_HOSTS}"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{CNI_DIR}"
     conf_dir = "{node_dir / "cni"}"
@@ -471,6 +487,16 @@ state = "/run/containerd"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         BinaryName = "runc"
         SystemdCgroup = false
+"""
+
+
+def registry_hosts(address: str) -> str:
+    """The ``hosts.toml`` by which a node's containerd (2.x and 1.6 alike) pulls from the
+    registry at ``address`` over plain HTTP, as a cluster's nodes are told of a mirror."""
+    return f"""server = "http://{address}"
+
+[host."http://{address}"]
+  capabilities = ["pull", "resolve"]
 """
 
 
@@ -643,6 +669,8 @@ class RealNode:
         for sub in ("run", "var-lib", "var-log", "cni"):
             (d / sub).mkdir(parents=True, exist_ok=True)
         _write(d / "containerd.toml", containerd_config(d, self.runtime))
+        registry = self.network.registry
+        _write(d / REGISTRY_HOSTS / registry / "hosts.toml", registry_hosts(registry))
         _write(
             d / "cni" / "10-nwrig.conflist",
             json.dumps(cni_config(self.network.pod_cidr(self.index))),

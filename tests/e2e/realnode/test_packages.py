@@ -15,7 +15,9 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -519,6 +521,68 @@ async def test_a_package_image_that_cannot_be_pulled_fails_the_node_naming_it(
     assert reason.code == "ImagePullFailed", reason
     assert reason.details["image"] == "registry.example/nowhere:1.0.0"
     assert "registry.example/nowhere:1.0.0" in reason.message
+
+
+def _push(rig: Rig, package_dir: Path, ref: str, tmp: Path) -> None:
+    """Build ``package_dir`` as an image and push it to the rig's registry as ``ref``, as a
+    user pushes to theirs (the image is on no node until one pulls it)."""
+    archive, layout = tmp / "image.tar", tmp / "image-layout"
+    package_image.build_archive(package_dir, ref=ref, out=archive)
+    with tarfile.open(archive) as tar:
+        tar.extractall(layout, filter="data")
+    crane = str(rig.bin_dir / "crane")
+    subprocess.run([crane, "push", "--insecure", str(layout), ref], check=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("node_fixture", "pool", "staging"),
+    [
+        ("real_node", "real", "image-volume"),
+        ("real_node", "real", "copy"),
+        ("legacy_node", "legacy", "copy"),
+    ],
+    ids=["containerd-2-image-volume", "containerd-2-copy", "containerd-1.6-copy"],
+)
+async def test_a_package_pushed_to_the_rigs_registry_is_pulled_by_the_node_and_runs(
+    node_fixture: str,
+    pool: str,
+    staging: str,
+    request: pytest.FixtureRequest,
+    rig: Rig,
+    cluster: Kube,
+    services: Services,
+    tmp_path: Path,
+) -> None:
+    """As on a cluster, the package image is in a registry, not on the node: the node's
+    containerd (2.x, and 1.6 through its own configuration) pulls it from the rig's registry
+    (docs/packages.md "Trying a package on a real node"), as an image volume or as the
+    container that copies the package in."""
+    kapi, node = cluster, request.getfixturevalue(node_fixture)
+    assert isinstance(node, RealNode)
+    assert rig.registry is not None
+    mark = "#!/bin/sh\necho pulled > /etc/nw-pulled-$NODEWRIGHT_CR\n"
+    check = '#!/bin/sh\ngrep -qx pulled "/etc/nw-pulled-$NODEWRIGHT_CR"\n'
+    stages = {
+        "apply": {
+            "steps": [{"name": "mark", "path": "mark.sh"}],
+            "check": [{"name": "marked", "path": "marked.sh"}],
+        }
+    }
+    pkg = _package(
+        tmp_path, "pulled", "1.0.0", stages=stages, steps={"mark.sh": mark, "marked.sh": check}
+    )
+    cr = f"pulled-{request.node.callspec.id}".replace(".", "-")
+    image = f"{rig.registry}/packages/{cr}"
+    await asyncio.to_thread(_push, rig, pkg, f"{image}:1.0.0", tmp_path)
+    assert f"{image}:1.0.0" not in node.ctr("images", "list", "-q").split()
+    services.fleet.extra_env["NODEWRIGHT_PODS_PACKAGE_STAGING"] = staging
+    await asyncio.to_thread(services.fleet.start_all)
+    spec = _cr(cr, {"pulled": {"version": "1.0.0", "image": image}})
+    spec["spec"]["nodeSelectors"] = {"matchLabels": {"nodepool": pool}}
+    await manifests.apply(kapi, spec)
+    await _wait_ready(kapi, cr, "the package pulled from the rig's registry")
+    assert _host(node, f"/etc/nw-pulled-{cr}").read_text() == "pulled\n"
+    assert f"{image}:1.0.0" in node.ctr("images", "list", "-q").split()
 
 
 async def test_a_packages_env_reaches_its_steps_and_a_missing_secret_is_named(
