@@ -726,6 +726,11 @@ def package_status(
     help="The last N lines of each log (-1: all).",
 )
 @click.option("-f", "--follow", is_flag=True, help="Keep printing the logs of pods still running.")
+@click.option(
+    "--raw",
+    is_flag=True,
+    help="The agent's lines as it wrote them (one JSON object each), not rendered.",
+)
 @kube_options
 @click.pass_context
 def package_logs(
@@ -736,6 +741,7 @@ def package_logs(
     stage: str,
     tail: int,
     follow: bool,
+    raw: bool,
     kubeconfig: str | None,
     context: str | None,
 ) -> None:
@@ -750,6 +756,7 @@ def package_logs(
         stage=stage,
         tail=tail,
         follow=follow,
+        raw=raw,
         namespace=_namespace(ctx),
     )
 

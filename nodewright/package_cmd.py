@@ -18,8 +18,9 @@ named node), where the package stands as the executor's record on the node says:
 stage, state and attempt (and, in JSON, the installed version, the reason and the stage
 check's verdict).
 
-``logs NAME --node NODE [--nodewright CR] [--stage STAGE] [--tail N]`` prints the logs of the
-package's stage pods (each stage and its check) on the node through the pods/log API. The
+``logs NAME --node NODE [--nodewright CR] [--stage STAGE] [--tail N] [--raw]`` prints the logs
+of the package's stage pods (each stage and its check) on the node through the pods/log API,
+the agent's events rendered for a person (``nodewright.agentlog``) unless ``--raw``. The
 pods are found by their labels (``shared.pods.labels``: NodeWright, role, package, stage)
 and the node they are bound to (``spec.nodeName``), never by guessing names. A log that
 cannot be fetched is named with its pod and container, and the command then exits 1.
@@ -36,7 +37,7 @@ from typing import Any
 import msgspec
 
 from agent.errors import ExitCode
-from nodewright import node_cmd, output, package_image
+from nodewright import agentlog, node_cmd, output, package_image
 from nodewright.connecting import CommandError, Target, run
 from nodewright.node_cmd import DryRun
 from shared import api, nodestate, pods, progress
@@ -290,9 +291,12 @@ def _unfetched(pod: str, container: str, namespace: str, exc: ApiError) -> str:
     )
 
 
-async def _follow(client: Kube, path: str, query: Mapping[str, Any], prefix: str) -> None:
+async def _follow(
+    client: Kube, path: str, query: Mapping[str, Any], prefix: str, *, raw: bool
+) -> None:
     async for line in client.stream_text(path, query):
-        sys.stdout.write(prefix + (line if line.endswith("\n") else line + "\n"))
+        shown = line if raw else agentlog.line(line)
+        sys.stdout.write(prefix + (shown if shown.endswith("\n") else shown + "\n"))
         sys.stdout.flush()
 
 
@@ -342,6 +346,7 @@ async def logs(
     tail: int,
     follow: bool,
     namespace: str,
+    raw: bool = False,
 ) -> None:
     if tail < -1:
         raise CommandError(f"--tail {tail}: give a number of lines, or -1 for all of it")
@@ -381,7 +386,8 @@ async def logs(
             unfetched.append(f"{pod.name} ({container})")
             output.say(_unfetched(pod.name, container, namespace, exc), err=True)
             continue
-        sys.stdout.write(text if not text or text.endswith("\n") else text + "\n")
+        shown = text if raw else agentlog.render(text)
+        sys.stdout.write(shown if not shown or shown.endswith("\n") else shown + "\n")
         sys.stdout.flush()
     if live:
         for pod in live:
@@ -399,7 +405,8 @@ async def logs(
                     output.say(prefix + log_header(part))
                 followed.add(container)
                 try:
-                    await _follow(client, path, log_query(container, tail, follow=True), prefix)
+                    query = log_query(container, tail, follow=True)
+                    await _follow(client, path, query, prefix, raw=raw)
                 except ApiError as exc:
                     unfetched.append(f"{pod.name} ({container})")
                     output.say(_unfetched(pod.name, container, namespace, exc), err=True)
@@ -426,6 +433,7 @@ def run_logs(
     tail: int,
     follow: bool,
     namespace: str,
+    raw: bool = False,
 ) -> None:
     async def command(client: Kube) -> None:
         await logs(
@@ -437,6 +445,7 @@ def run_logs(
             tail=tail,
             follow=follow,
             namespace=namespace,
+            raw=raw,
         )
 
     run(target, command)

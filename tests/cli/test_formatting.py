@@ -528,9 +528,12 @@ def test_log_stages_are_the_stages_package_pods_run() -> None:
         "stage": "config",
         "tail": 5,
         "follow": True,
+        "raw": False,
         "kubeconfig": None,
         "context": None,
     }
+    raw = logs.make_context("logs", ["tuning", "--node", "n-1", "--raw"])
+    assert raw.params["raw"] is True
     with pytest.raises(click.BadParameter):
         logs.make_context("logs", ["tuning", "--node", "n", "--stage", "x"])
 

@@ -325,8 +325,21 @@ async def test_a_failing_step_reports_its_real_exit_code_and_output(
         services.namespace,
     )
     assert done.code == 0, done.err
-    assert "writing the settings" in done.out
-    assert "disk full" in done.out
+    # The agent's events as a person reads them (docs/cli.md "Package logs"), not JSON.
+    lines = done.out.splitlines()
+    assert any(line.endswith("Z [boom] writing the settings") for line in lines), done.out
+    assert any(line.endswith("Z [boom] stderr: disk full") for line in lines), done.out
+    assert any("[boom] FAILED: step 'boom' (boom.sh) exited with 7" in x for x in lines), done.out
+    assert not any(line.startswith("{") for line in lines), done.out
+    raw = await cli(
+        rig, "package", "logs", "boom", "--node", node, "--nodewright", "boom", "--raw",
+        "-n", services.namespace,
+    )  # fmt: skip
+    assert raw.code == 0, raw.err
+    said = [json.loads(x) for x in raw.out.splitlines() if x.startswith("{")]
+    assert {"step": "boom", "stream": "stderr", "line": "disk full"}.items() <= next(
+        e for e in said if e.get("event") == "step.output" and e.get("stream") == "stderr"
+    ).items()
 
 
 async def test_steps_and_checks_read_the_nodes_metadata_from_their_pod(
