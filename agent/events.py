@@ -2,8 +2,9 @@
 
 Events are stdlib log records with a constant message and an ``event`` key (``step.started``,
 ``step.finished``, ...) plus key/values; the formatter turns each into a JSON line with a UTC
-timestamp. The executor (and ``nodewright package logs``) can read the container's log as a
-machine-readable stream; humans get the same lines. Step output is forwarded as
+timestamp. The executor can read the container's log as a machine-readable stream; people
+read it through ``nodewright package logs``, which renders each event as a short line
+(``nodewright.agentlog``; ``--raw`` and ``kubectl logs`` show the JSON). Step output is forwarded as
 ``step.output`` events and also written, unabridged, to the step's log file on the host
 (``agent.logs``).
 
