@@ -95,16 +95,3 @@ def volume(name: str) -> dict[str, Any]:
             ]
         },
     }
-
-
-def slim_pod(obj: dict[str, Any]) -> dict[str, Any]:
-    """The transform of the executor's and the validator's pod caches: without managedFields
-    and without the document, which nobody reads back (a real GPU node's labels make it
-    several KB, times every pod in flight at 10,000 nodes, in each cache)."""
-    meta = obj.get("metadata")
-    if isinstance(meta, dict):
-        meta.pop("managedFields", None)
-        annotations = meta.get("annotations")
-        if isinstance(annotations, dict):
-            annotations.pop(ANNOTATION, None)
-    return obj

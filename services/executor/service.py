@@ -90,7 +90,7 @@ class Executor:
             to_keys=self.pod_index.to_keys,
             also=self.pod_index.on_change,
             name="pods",
-            transform=nodemetadata.slim_pod,
+            transform=pods.slim,
         )
         c.consume(
             streaming.ConsumerSpec(

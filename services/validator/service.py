@@ -34,7 +34,6 @@ from services.validator.config import Settings
 from shared import (
     api,
     health,
-    nodemetadata,
     nodeshell,
     nodestate,
     pods,
@@ -89,7 +88,7 @@ class Validator:
             to_keys=self.pod_index.to_keys,
             also=self.pod_index.on_change,
             name="pods",
-            transform=nodemetadata.slim_pod,
+            transform=pods.slim,
         )
         c.consume(
             streaming.ConsumerSpec(

@@ -183,16 +183,6 @@ def test_the_interrupt_pod_does_not_mount_it() -> None:
     assert nodemetadata.ANNOTATION not in pod["metadata"]["annotations"]
 
 
-def test_the_pod_caches_keep_neither_the_document_nor_managed_fields() -> None:
-    pod = _pod("stage")
-    pod["metadata"]["managedFields"] = [{"manager": "kubelet"}]
-    kept = {k: v for k, v in pod["metadata"]["annotations"].items() if k != nodemetadata.ANNOTATION}
-    slim = nodemetadata.slim_pod(pod)
-    assert slim["metadata"]["annotations"] == kept
-    assert "managedFields" not in slim["metadata"]
-    assert kept, "the pod's own annotations (version, attempt, node) stay"
-
-
 def test_a_node_with_annotations_too_large_for_a_pod_gets_the_document_without_them() -> None:
     """The API server refuses a pod whose annotations exceed 256 KiB; a node's own may come
     close. The stage must still run: the node's annotations are left out, and said so."""

@@ -49,6 +49,7 @@ class Node:
     writes: dict[str, int] = field(default_factory=lambda: {"executor": 0, "validator": 0})
     said: list[events.Event] = field(default_factory=list)
     requests: Requests = field(default_factory=Requests)
+    settings: podspec.PodSettings = SETTINGS
 
     def retry(self, at: datetime) -> None:
         """``nodewright node retry``, the drainer having honoured it (it has nothing to do)."""
@@ -87,7 +88,7 @@ class Node:
                 cr=self.cr,
                 node="n1",
                 node_annotations={},
-                settings=SETTINGS,
+                settings=self.settings,
                 **extra,
             )
             body["metadata"]["creationTimestamp"] = _ts(now)
