@@ -338,9 +338,9 @@ def test_a_check_between_two_stages_that_times_out_stops_the_pod() -> None:
     assert n.stopped()
 
 
-def test_a_cycle_with_an_interrupt_runs_it_after_the_segment() -> None:
-    n = Node()
-    n.cr = nodewright(
+def with_interrupt() -> Any:
+    """The NodeWright of :class:`Node` with a service interrupt (kubelet) on its package."""
+    return nodewright(
         packages={
             PKG: {
                 "version": "0.9.0",
@@ -349,6 +349,10 @@ def test_a_cycle_with_an_interrupt_runs_it_after_the_segment() -> None:
             }
         }
     )
+
+
+def test_a_cycle_with_an_interrupt_runs_it_after_the_segment() -> None:
+    n = Node(cr=with_interrupt())
     n.run(_at(0))
     assert n.the_pod()["metadata"]["annotations"][pods.ANN_STAGES] == "apply,config"
     n.progress(0, 0, 0, 0, at=_at(40))

@@ -18,8 +18,7 @@ from services.executor import service as executor_service
 from shared import nodemetadata, pods
 from shared.controller import PodIndex
 from shared.decisions import PodRef
-from tests.helpers.facts import nodewright
-from tests.shared.test_segments import PKG, SETTINGS, Node, _at, _ts
+from tests.shared.test_segments import SETTINGS, Node, _at, _ts, with_interrupt
 
 IMAGE = "ghcr.io/nvidia/nodewright-packages/nvidia-tuned"
 
@@ -156,16 +155,7 @@ def test_a_slimmed_stage_pod_reads_as_the_whole_one(
 
 
 def test_a_slimmed_interrupt_pod_reads_as_the_whole_one() -> None:
-    n = Node()
-    n.cr = nodewright(
-        packages={
-            PKG: {
-                "version": "0.9.0",
-                "image": IMAGE,
-                "interrupt": {"type": "service", "services": ["kubelet"]},
-            }
-        }
-    )
+    n = Node(cr=with_interrupt())
     n.run(_at(0))
     n.progress(0, 0, 0, 0, at=_at(40))
     n.run(_at(40))
