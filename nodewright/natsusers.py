@@ -32,7 +32,10 @@ BCRYPT_COST = 11
 
 
 def passwords() -> dict[str, str]:
-    return {who: secrets.token_urlsafe(24) for who in (*grants.SERVICES, grants.READER)}
+    # The one-process user is always made, so switching the chart's layout is an upgrade of
+    # NodeWright alone, not of NATS: each pod mounts only its own key of the Secret.
+    users = (*grants.SERVICES, grants.ONE_PROCESS, grants.READER)
+    return {who: secrets.token_urlsafe(24) for who in users}
 
 
 def hash_password(password: str) -> str:

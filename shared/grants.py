@@ -7,7 +7,9 @@ does: publish its own event kinds (``nw.ev.*.*.<kind>``) and its dead letters
 its own durable consumers and ack their messages, and receive replies on ``_INBOX.>``. The
 reader (``nodewright-reader``) may follow the stream (ephemeral consumers, live
 subscriptions, stream info and message reads) and nothing else: it cannot publish an event,
-ack a service's messages, or change or delete the stream or a consumer.
+ack a service's messages, or change or delete the stream or a consumer. A process that runs
+all five services (``python -m services``, the chart's ``oneProcess`` layout) connects once,
+as ``nodewright-services``, allowed what the five are together and nothing more.
 
 :func:`authorization` renders these as a nats-server ``authorization`` block, for the
 official NATS chart's ``config.merge`` (docs/install.md, "NATS users"). Pure data; who
@@ -46,6 +48,8 @@ CONSUMERS: Final[Mapping[str, tuple[str, ...]]] = {
 }
 """The durable consumers each service binds (their names in the stream)."""
 READER: Final = "reader"
+ONE_PROCESS: Final = "services"
+"""The user of a process running all five services: one connection carries all their work."""
 
 
 def user(who: str) -> str:
@@ -86,6 +90,19 @@ def service_permissions(service: str, *, stream: str) -> dict[str, Any]:
     return {"publish": {"allow": publish}, "subscribe": {"allow": ["_INBOX.>"]}}
 
 
+def one_process_permissions(*, stream: str) -> dict[str, Any]:
+    """The union of the five services' permissions, each subject once, in their order."""
+    allowed = [
+        subject
+        for service in SERVICES
+        for subject in service_permissions(service, stream=stream)["publish"]["allow"]
+    ]
+    return {
+        "publish": {"allow": list(dict.fromkeys(allowed))},
+        "subscribe": {"allow": ["_INBOX.>"]},
+    }
+
+
 def reader_permissions(*, stream: str) -> dict[str, Any]:
     """Follow the stream, change nothing: ephemeral (unnamed) consumers only, so a reader can
     neither take over a service's durable consumer nor ack its messages."""
@@ -111,14 +128,17 @@ def reader_permissions(*, stream: str) -> dict[str, Any]:
 
 def authorization(passwords: Mapping[str, str], *, stream: str = "NODEWRIGHT") -> dict[str, Any]:
     """A nats-server ``authorization`` block with one user per entry of ``passwords``
-    (service name, or :data:`READER`, -> password or bcrypt hash)."""
+    (service name, :data:`ONE_PROCESS` or :data:`READER` -> password or bcrypt hash)."""
     users = []
     for who, password in sorted(passwords.items()):
         if who == READER:
             permissions = reader_permissions(stream=stream)
+        elif who == ONE_PROCESS:
+            permissions = one_process_permissions(stream=stream)
         elif who in PUBLISHES:
             permissions = service_permissions(who, stream=stream)
         else:
-            raise ValueError(f"unknown NATS user {who!r}: one of {', '.join((*SERVICES, READER))}")
+            known = ", ".join((*SERVICES, ONE_PROCESS, READER))
+            raise ValueError(f"unknown NATS user {who!r}: one of {known}")
         users.append({"user": user(who), "password": password, "permissions": permissions})
     return {"users": users}

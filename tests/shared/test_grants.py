@@ -42,6 +42,23 @@ def test_the_reader_creates_only_unnamed_consumers_and_publishes_nothing() -> No
     assert perms["publish"]["deny"] == [subjects.ALL, "$JS.ACK.>"]
 
 
+def test_the_one_process_user_may_do_what_the_five_services_may_and_no_more() -> None:
+    perms = grants.one_process_permissions(stream="NODEWRIGHT")
+    allow = perms["publish"]["allow"]
+    each = [
+        set(grants.service_permissions(s, stream="NODEWRIGHT")["publish"]["allow"])
+        for s in grants.SERVICES
+    ]
+    assert set(allow) == set().union(*each)
+    assert len(allow) == len(set(allow)), "each subject once"
+    assert perms["subscribe"] == {"allow": ["_INBOX.>"]}
+    assert not [a for a in allow if "DELETE" in a]
+    assert "$JS.ACK.NODEWRIGHT.status-dead-letters.>" in allow
+    (user,) = grants.authorization({grants.ONE_PROCESS: "x"})["users"]
+    assert user["user"] == "nodewright-services"
+    assert user["permissions"] == perms
+
+
 def test_authorization_refuses_an_unknown_user() -> None:
     with pytest.raises(ValueError, match="unknown NATS user 'sheduler'"):
         grants.authorization({"sheduler": "x"})
@@ -51,7 +68,7 @@ def test_nats_users_writes_hashes_for_nats_and_passwords_for_nodewright(tmp_path
     values, secrets_file = natsusers.write(tmp_path, secret="nw-nats", namespace="ns")
     users = yaml.safe_load(values.read_text())["config"]["merge"]["authorization"]["users"]
     assert sorted(u["user"] for u in users) == sorted(
-        grants.user(w) for w in (*grants.SERVICES, grants.READER)
+        grants.user(w) for w in (*grants.SERVICES, grants.ONE_PROCESS, grants.READER)
     )
     service_secret, reader_secret = [d for d in yaml.safe_load_all(secrets_file.read_text()) if d]
     assert service_secret["metadata"] == {
@@ -59,7 +76,7 @@ def test_nats_users_writes_hashes_for_nats_and_passwords_for_nodewright(tmp_path
         "namespace": "ns",
         "labels": service_secret["metadata"]["labels"],
     }
-    assert sorted(service_secret["stringData"]) == sorted(grants.SERVICES)
+    assert sorted(service_secret["stringData"]) == sorted((*grants.SERVICES, grants.ONE_PROCESS))
     by_user = {u["user"]: u["password"] for u in users}
     for service, password in service_secret["stringData"].items():
         assert bcrypt.checkpw(password.encode(), by_user[grants.user(service)].encode())
