@@ -4,11 +4,13 @@ service only with settings that service knows."""
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import pytest
 
 from nodewright import manifests
 from nodewright.rig import Rig
+from services import __main__ as one_process
 from shared import api, config
 from shared.kube import Kube
 from tests.deploy.helm import CHART, render, run, server_dry_run, template
@@ -235,3 +237,95 @@ async def test_people_read_with_view_and_the_viewer_role_and_write_with_edit_and
     finally:
         for path in reversed(made):
             await kapi.delete_if_present(path)
+
+
+ONE_PROCESS = ("--set", "layout=oneProcess", "--set", "nats.auth.secretName=nw-nats")
+
+
+def _named(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+async def test_the_one_process_layout_is_one_deployment_running_the_five_services(
+    rig: Rig,
+) -> None:
+    docs = await render(*ONE_PROCESS, bin_dir=rig.bin_dir)
+    (deployment,) = _named(docs, "Deployment").values()
+    assert deployment["metadata"]["name"] == "nodewright-services"
+    pod = deployment["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert container["args"] == ["-m", "services"]
+    assert pod["spec"]["serviceAccountName"] == "nodewright-services"
+    assert {p["name"] for p in container["ports"]} == {"http", "webhook"}
+    env = {e["name"]: e.get("value", "from-field") for e in container["env"]}
+    # Every variable is one some service knows, and each service gets what it gets alone.
+    loaded = config.load_many([s.settings_type for s in one_process.SERVICES.values()], env)
+    by_name = dict(zip(one_process.SERVICES, loaded, strict=True))
+    assert by_name["validator"].webhook.cert_owner == "nodewright-services"  # type: ignore[attr-defined]
+    assert by_name["executor"].pods.agent_image  # type: ignore[attr-defined]
+    assert by_name["status"].status.ui is True  # type: ignore[attr-defined]
+    assert env["NODEWRIGHT_NATS_USER"] == "nodewright-services"
+    (auth,) = [v for v in pod["spec"]["volumes"] if v["name"] == "nats-auth"]
+    assert auth["secret"]["items"] == [{"key": "services", "path": "password"}]
+
+    # The Services in front of the webhook, the web page and the metrics select its pods.
+    services = _named(docs, "Service")
+    assert set(services) == {
+        "nodewright-validator", "nodewright-status-ui", "nodewright-services-metrics"
+    }  # fmt: skip
+    for service in services.values():
+        labels = pod["metadata"]["labels"]
+        assert all(labels[k] == v for k, v in service["spec"]["selector"].items()), service
+    assert "PodDisruptionBudget" not in {d["kind"] for d in docs}, "one replica: no PDB"
+    two = await render(*ONE_PROCESS, "--set", "oneProcess.replicas=2", bin_dir=rig.bin_dir)
+    assert set(_named(two, "PodDisruptionBudget")) == {"nodewright-services"}
+    assert _named(two, "Deployment")["nodewright-services"]["spec"]["replicas"] == 2
+
+
+async def test_the_one_process_account_is_bound_to_the_five_services_roles(rig: Rig) -> None:
+    one = await render(*ONE_PROCESS, bin_dir=rig.bin_dir)
+    per = await render(bin_dir=rig.bin_dir)
+    assert set(_named(one, "ServiceAccount")) == {"nodewright-services"}
+    for kind in ("ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding"):
+        assert set(_named(one, kind)) == set(_named(per, kind)), kind
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        for name, binding in _named(one, kind).items():
+            assert binding["subjects"] == [
+                {
+                    "kind": "ServiceAccount",
+                    "name": "nodewright-services",
+                    "namespace": "nodewright-system",
+                }
+            ], name
+            assert binding["roleRef"] == _named(per, kind)[name]["roleRef"]
+    for name, role in _named(one, "ClusterRole").items():
+        assert role["rules"] == _named(per, "ClusterRole")[name]["rules"], name
+    # The same rules, but the validator reads its certificate's owner: the one Deployment.
+    for name, role in _named(one, "Role").items():
+        expected = _named(per, "Role")[name]["rules"]
+        if name == "nodewright-validator":
+            expected = [
+                {**r, "resourceNames": ["nodewright-services"]} if "resourceNames" in r else r
+                for r in expected
+            ]
+        assert role["rules"] == expected, name
+
+
+async def test_the_one_process_layout_is_accepted_by_the_api_server_and_scraped_once(
+    rig: Rig, kapi: Kube
+) -> None:
+    await manifests.ensure_namespace(kapi, "nodewright-system")
+    text = await template(*ONE_PROCESS, bin_dir=rig.bin_dir)
+    applied = await server_dry_run(rig.bin_dir, rig.endpoints.kubeconfig, text)
+    assert "deployment.apps/nodewright-services serverside-applied (server dry run)" in applied
+    assert "serviceaccount/nodewright-services serverside-applied (server dry run)" in applied
+    for value, monitor in (("serviceMonitor", "servicemonitor"), ("podMonitor", "podmonitor")):
+        docs = await render(
+            *ONE_PROCESS,
+            "--set", f"metrics.{value}.enabled=true",
+            "-s", f"templates/{monitor}.yaml",
+            bin_dir=rig.bin_dir,
+        )  # fmt: skip
+        (doc,) = docs
+        (expression,) = doc["spec"]["selector"]["matchExpressions"]
+        assert expression["values"] == ["services"], monitor

@@ -53,8 +53,9 @@ IMAGE_SITE = "opt/nodewright/site"
 
 
 def _image_processes() -> dict[int, str]:
-    """The machine's processes running a service from the services image (the real nodes'
-    containers are processes of this machine): pid -> the module run."""
+    """The machine's processes running services from the services image (the real nodes'
+    containers are processes of this machine): pid -> the module run (``services`` for the
+    one-process layout)."""
     found: dict[int, str] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -62,7 +63,8 @@ def _image_processes() -> dict[int, str]:
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
             module = argv[argv.index(b"-m") + 1].decode()
-            if module.startswith("services.") and (proc / "root" / IMAGE_SITE).is_dir():
+            runs_services = module == "services" or module.startswith("services.")
+            if runs_services and (proc / "root" / IMAGE_SITE).is_dir():
                 found[int(proc.name)] = module
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile, or not a `python -m`
@@ -455,3 +457,74 @@ async def test_each_service_has_its_own_nats_user_and_the_reader_can_only_read(
     assert any("permissions violation" in v.lower() for v in violations), violations
     async with nats_cluster.client() as admin:
         assert (await admin.jetstream().stream_info("NODEWRIGHT")).config.name == "NODEWRIGHT"
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+async def _assert_the_webhook_refuses_a_missing_policy(rig: Rig) -> None:
+    no_policy = EXAMPLE.read_text().replace(
+        "interruptionBudget:\n    percent: 33", "deploymentPolicy: nope"
+    )
+    refused = await tool(rig, "kubectl", "apply", "-f", "-", check=False, stdin=no_policy)
+    assert "spec.deploymentPolicy" in refused, refused
+    assert "does not exist" in refused, refused
+
+
+async def test_the_one_process_layout_rolls_out_and_switching_layouts_is_a_helm_upgrade(
+    rig: Rig, clean: Kube, nats_cluster: NatsCluster
+) -> None:
+    """`layout: oneProcess` as docs/install.md says: one pod runs all five services (one
+    ServiceAccount bound to their roles, the NATS user nodewright-services enforced by the
+    servers), serves the webhook, and rolls the README example out; switching to the
+    per-service layout in the middle of the rollout is a `helm upgrade` that loses nothing."""
+    kapi = clean
+    await install(rig, "--set", "layout=oneProcess")
+    (pod,) = await service_pods(kapi)
+    assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "services"
+    assert pod["spec"]["serviceAccountName"] == "nodewright-services"
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["NODEWRIGHT_NATS_USER"] == "nodewright-services"
+    (pid,) = [p for p, module in _image_processes().items() if module == "services"]
+    print(f"one-process pod on a real node, ready: VmRSS {_rss_mib(pid):.1f} MiB", file=sys.stderr)
+
+    await _assert_the_webhook_refuses_a_missing_policy(rig)
+
+    names = await _kwok_nodes(kapi, 12)
+    budget = math.ceil(0.33 * len(names))
+    async with (
+        pod_ledger(kapi, NAMESPACE) as ledger,
+        Sampler(lambda: _disrupted(kapi, "gpu-node-tuning"), interval_s=0.1) as sampler,
+    ):
+        await tool(rig, "kubectl", "apply", "-f", str(EXAMPLE))
+
+        async def some_done() -> bool:
+            return await _done(kapi, "gpu-node-tuning") > 0
+
+        await eventually(some_done, timeout_s=300, what="the first nodes to be done")
+        assert await _done(kapi, "gpu-node-tuning") < len(names), "switched in the middle"
+        print(f"one process: VmRSS {_rss_mib(pid):.1f} MiB mid-rollout", file=sys.stderr)
+        await tool(
+            rig, "helm", "upgrade", "nodewright", str(CHART), "-n", NAMESPACE, "--reuse-values",
+            "--set", "layout=perService", "--wait", "--timeout", "300s",
+        )  # fmt: skip
+        await eventually(functools.partial(_all_ready, kapi), timeout_s=120, what="10 pods")
+        out = await tool(
+            rig, "kubectl", "wait", "--for=condition=Ready", "nodewright/gpu-node-tuning",
+            "--timeout=600s",
+        )  # fmt: skip
+        assert "condition met" in out
+    assert ledger.duplicates() == {}, "no pod created twice"
+    assert ledger.repeated() == {}, "no step run twice (a new attempt or cycle)"
+    assert len(ledger.of_role("stage", "apply")) == len(names), "one apply stage per node"
+    assert max(sampler.samples) <= budget, (max(sampler.samples), budget)
+    assert await _cordoned(kapi) == []
+    accounts = await kapi.get(path_of(plural="serviceaccounts", namespace=NAMESPACE))
+    assert "nodewright-services" not in {a["metadata"]["name"] for a in accounts["items"]}
+    # The webhook's certificate Secret was owned by the one-process Deployment, now gone: the
+    # validators adopted it (or made a new one), and the webhook still answers.
+    await _assert_the_webhook_refuses_a_missing_policy(rig)
