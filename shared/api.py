@@ -622,6 +622,14 @@ class DrainOptions(_Model, frozen=True, kw_only=True):
     """Seconds a cordoned node may wait for pods matching spec.podNonInterruptLabels to finish
     before it is marked Failed with reason ProtectedPodTimeout naming them; unset (default)
     waits as long as they run. Retry the node (nodewright node retry) to wait again."""
+    pre_pull_images: bool = False
+    """true: the images of the packages about to run on a node are pulled onto it (by a pod
+    of NodeWright's that runs nothing else) from the moment it is admitted, while it is
+    cordoned and waits for its protected pods, and the drain starts only once they are there
+    (reason ImagesPulling meanwhile). The evicted workloads' downtime then leaves out the
+    pull, and an image that does not pull (a wrong tag, a missing pull secret) fails the node
+    with ImagePullFailed before anything is evicted. false (default): each stage pod pulls
+    its image after the drain."""
 
 
 class DeploymentPolicyOptions(_Model, frozen=True, kw_only=True):

@@ -52,7 +52,9 @@ ANN_STAGES = f"{DOMAIN}/stages"
 per stage and one per check (:func:`stage_container`, :func:`check_container`). Absent on
 pods of earlier versions (one stage, the label's)."""
 
-Role = Literal["stage", "check", "interrupt"]
+Role = Literal["stage", "check", "interrupt", "pull"]
+PULL_STAGE: Final = "pull"
+"""The stage label of a pod pulling package images before a drain (``spec.drain.prePullImages``)."""
 
 STAGE_CONTAINER = "agent"
 """The container running the agent's stage mode in pods of earlier versions (the init
@@ -109,6 +111,28 @@ def pod_name(
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:10]
     readable = re.sub(r"[^a-z0-9-]", "-", f"{cr}-{package}-{stage}".lower())[: 63 - 11].strip("-")
     return f"{readable}-{digest}"
+
+
+def pull_pod_name(*, cr: str, node: str, images: Sequence[str], attempt: int) -> str:
+    """The pod pulling ``images`` onto ``node`` before its drain (``spec.drain.prePullImages``):
+    one per set of images and ``attempt`` (1 + the node's latest recovery request), so a
+    package image changed meanwhile, or a retry, gets a pod of its own that pulls afresh (a
+    kubelet backing off a failed pull tries again only minutes later), and the executor
+    (which makes it) and the drainer (which waits for it) name the same pod."""
+    return pod_name(
+        cr=cr,
+        node=node,
+        role="pull",
+        package="",
+        stage=PULL_STAGE,
+        version=pull_version(images),
+        attempt=attempt,
+    )
+
+
+def pull_version(images: Sequence[str]) -> str:
+    """What a pull pod pulls, as its :data:`ANN_VERSION` and part of its name."""
+    return hashlib.sha256("\0".join(sorted(set(images))).encode()).hexdigest()[:16]
 
 
 def labels(*, cr: str, role: Role, package: str, stage: str) -> dict[str, str]:

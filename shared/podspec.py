@@ -1,5 +1,6 @@
-"""Manifests of NodeWright's pods on a node: a package segment (executor) or the node's
-merged interrupt (executor).
+"""Manifests of NodeWright's pods on a node: a package segment (executor), the node's
+merged interrupt (executor), or the pull of its package images before its drain (executor,
+:func:`pull_pod`).
 
 A stage pod runs on its node (``spec.nodeName``, bypassing the scheduler) and runs a
 *segment* of its package's cycle (``shared.pods.ANN_STAGES``: ``apply,config``, ``config``
@@ -70,6 +71,8 @@ class PodRequest:
     stages: tuple[str, ...] = ()
     """The stages a stage pod runs, ``stage`` first (``shared.pods.ANN_STAGES``); () is
     ``stage`` alone."""
+    pulls: tuple[tuple[str, str], ...] = ()
+    """(package, image) of each image a pull pod pulls (``shared.progress.pull_images``)."""
 
     @property
     def segment(self) -> tuple[str, ...]:
@@ -126,6 +129,18 @@ _COPY_SCRIPT = (
 )
 
 
+def _tools_container(agent_image: str) -> dict[str, Any]:
+    """The init container putting the agent image's static busybox where the containers
+    after it, run from package images without a shell, find it."""
+    return {
+        "name": "stage-tools",
+        "image": agent_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": [AGENT_BUSYBOX, "cp", AGENT_BUSYBOX, f"{_TOOLS_MOUNT}/busybox"],
+        "volumeMounts": [{"name": "nodewright-tools", "mountPath": _TOOLS_MOUNT}],
+    }
+
+
 def _copy_staging(
     package_image: str, agent_image: str
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -136,13 +151,7 @@ def _copy_staging(
         {"name": "package", "emptyDir": {}},
     ]
     init: list[dict[str, Any]] = [
-        {
-            "name": "stage-tools",
-            "image": agent_image,
-            "imagePullPolicy": "IfNotPresent",
-            "command": [AGENT_BUSYBOX, "cp", AGENT_BUSYBOX, f"{_TOOLS_MOUNT}/busybox"],
-            "volumeMounts": [{"name": "nodewright-tools", "mountPath": _TOOLS_MOUNT}],
-        },
+        _tools_container(agent_image),
         {
             "name": "stage-package",
             "image": package_image,
@@ -459,3 +468,107 @@ def interrupt_pod(
         runs=[(pods.STAGE_CONTAINER, ["interrupt"], env)],
         package_image="",
     )
+
+
+def _names_package(wish: str, package: str) -> bool:
+    """A ``sim.*`` wish names ``package`` (at any stage) or every package."""
+    return any(item.strip().partition("/")[0] in ("*", package) for item in wish.split(","))
+
+
+def pull_pod(
+    req: PodRequest,
+    *,
+    cr: api.NodeWright,
+    node: str,
+    node_annotations: Mapping[str, str],
+    settings: PodSettings,
+) -> dict[str, Any]:
+    """The pod that pulls ``req.pulls``' images onto the node before its drain
+    (``spec.drain.prePullImages``) and does nothing else: its one container, the agent's
+    static busybox running ``true``, starts only once the kubelet has every image, which the
+    pod mounts as image volumes (``image-volume``) or runs, each in an init container, with
+    the agent's busybox (``copy``: a runtime without image volumes). Like the stage pods it
+    is bound to the node, tolerates what they tolerate, pulls with the same secrets and
+    needs no shell in a package image; unlike them it mounts nothing of the host, runs
+    unprivileged and is done in the time the pulls take (the drainer waits for it)."""
+    images = sorted({image for _, image in req.pulls})
+    annotations = {
+        pods.ANN_NODE: node,
+        pods.ANN_VERSION: req.version,
+        pods.ANN_ATTEMPT: str(req.attempt),
+    }
+    if settings.simulate:
+        wish = node_annotations.get(SIM_IMAGE_PULL_ERROR, "")
+        failing = [img for pkg, img in req.pulls if wish and _names_package(wish, pkg)]
+        if failing:
+            annotations.update(
+                {f"{SIM}/image-pull-error": "ImagePullBackOff", f"{SIM}/image": failing[0]}
+            )
+        else:
+            duration = node_annotations.get(SIM_STAGE_DURATION) or settings.sim_stage_duration
+            annotations[f"{SIM}/succeed-after"] = duration
+    unprivileged: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    init: list[dict[str, Any]] = []
+    if settings.package_staging == "copy":
+        volumes.append({"name": "nodewright-tools", "emptyDir": {}})
+        init.append({**_tools_container(settings.agent_image), "securityContext": unprivileged})
+        init += [
+            {
+                "name": f"pull-{i}",
+                "image": image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": [f"{_TOOLS_MOUNT}/busybox", "true"],
+                "volumeMounts": [
+                    {"name": "nodewright-tools", "mountPath": _TOOLS_MOUNT, "readOnly": True}
+                ],
+                "securityContext": unprivileged,
+            }
+            for i, image in enumerate(images)
+        ]
+    else:
+        for i, image in enumerate(images):
+            volumes.append(
+                {"name": f"pull-{i}", "image": {"reference": image, "pullPolicy": "IfNotPresent"}}
+            )
+            mounts.append({"name": f"pull-{i}", "mountPath": f"/pull/{i}", "readOnly": True})
+    spec: dict[str, Any] = {
+        "nodeName": node,
+        "restartPolicy": "Never",
+        "priorityClassName": "system-node-critical",
+        "tolerations": tolerations(cr),
+        "automountServiceAccountToken": False,
+        "containers": [
+            {
+                "name": "pulled",
+                "image": settings.agent_image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": [AGENT_BUSYBOX, "true"],
+                "volumeMounts": mounts,
+                "securityContext": unprivileged,
+            }
+        ],
+        "volumes": volumes,
+    }
+    if init:
+        spec["initContainers"] = init
+    if settings.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": n} for n in settings.image_pull_secrets]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": req.name,
+            "namespace": settings.namespace,
+            "labels": pods.labels(
+                cr=cr.metadata.name, role="pull", package="", stage=pods.PULL_STAGE
+            ),
+            "annotations": annotations,
+            "ownerReferences": [owner_reference(cr)],
+        },
+        "spec": spec,
+    }

@@ -21,7 +21,7 @@ from typing import Any, Final, Literal, TypeVar
 
 import msgspec
 
-from shared import api, nodestate
+from shared import api, nodestate, pods
 from shared.nodestate import Requests
 from shared.records.drainer import DrainRecord
 from shared.records.executor import ExecutorRecord, PackageRecord
@@ -508,6 +508,19 @@ def _per_facts(
 
 
 @_per_facts
+def pull_images(cr: api.NodeWright, node: NodeFacts) -> tuple[tuple[str, str], ...]:
+    """What ``spec.drain.prePullImages`` pulls onto the node before its drain: (package,
+    image) of each package with work left on it (an install, upgrade, configuration or
+    uninstall), by package; () without the option or with nothing left to do."""
+    if not cr.spec.drain.pre_pull_images:
+        return ()
+    return tuple(
+        (name, d.image)
+        for name, d in sorted(desired(cr).items())
+        if not package_done(d, node.executor.packages.get(name))
+    )
+
+
 def packages_done(cr: api.NodeWright, node: NodeFacts) -> bool:
     return all(package_done(d, node.executor.packages.get(n)) for n, d in desired(cr).items())
 
@@ -605,15 +618,36 @@ def validation_blank(node: NodeFacts) -> bool:
     return not v.checks and not v.validated and v.at is None and v.reason is None
 
 
+PULL_IMAGES_DETAIL: Final = "pullImages"
+"""The detail of a drain that failed pulling the package images before it
+(``spec.drain.prePullImages``): which images (:func:`shared.pods.pull_version`)."""
+
+
+def stale_pull_failure(cr: api.NodeWright, node: NodeFacts) -> bool:
+    """The drain failed pulling the package images before it, and the images the CR wants
+    pulled changed since (or it pulls none before drains any more): correcting an image in
+    the spec is a fix, and the drain starts over by itself."""
+    d = node.drain
+    if d is None or d.phase != "failed" or d.reason is None:
+        return False
+    pulled = d.reason.details.get(PULL_IMAGES_DETAIL)
+    if pulled is None:
+        return False
+    images = [image for _, image in pull_images(cr, node)]
+    return not images or pods.pull_version(images) != pulled
+
+
 @_per_facts
 def failed(cr: api.NodeWright, node: NodeFacts) -> bool:
     """A drain, a stage, the interrupt or a check failed for what the CR wants now.
 
     Failures recorded for package versions the CR no longer asks for, or for another spec of
     the package (:func:`stale_failure`), do not count: changing the spec is one way to fix a
-    failure, and the executor starts such a package over by itself.
+    failure, and the executor starts such a package over by itself; so does a drain that
+    failed pulling images the spec no longer has (:func:`stale_pull_failure`), which the
+    drainer starts over.
     """
-    if node.drain is not None and node.drain.phase == "failed":
+    if node.drain is not None and node.drain.phase == "failed" and not stale_pull_failure(cr, node):
         return True
     want = desired(cr)
     wanted = {(n, d.version) for n, d in want.items()}

@@ -152,6 +152,8 @@ class Fleet:
             env = {k: v for k, v in env.items() if not k.startswith("NODEWRIGHT_PODS_")}
         if service not in ("validator", TOGETHER):
             env = {k: v for k, v in env.items() if not k.startswith("NODEWRIGHT_WEBHOOK")}
+        if service not in ("drainer", TOGETHER):
+            env = {k: v for k, v in env.items() if not k.startswith("NODEWRIGHT_DRAINER_")}
         return env
 
     def start(self, service: str, *, count: int = 1, wait: bool = True) -> list[Replica]:

@@ -23,6 +23,11 @@ class DrainerSettings(_Group, frozen=True, forbid_unknown_fields=True, kw_only=T
     max_parallel_evictions: Annotated[int, msgspec.Meta(ge=1, le=256)] = 16
     """Eviction requests one node's drain has in flight at once (a node holds at most a few
     hundred pods; the API server's rate limits apply to the whole process)."""
+    image_pull_grace_s: Seconds = 120.0
+    """With ``spec.drain.prePullImages``: how long the pod pulling a node's package images
+    may fail to pull one before the drain fails (ImagePullFailed, nothing evicted); the
+    executor's ``NODEWRIGHT_PODS_IMAGE_PULL_GRACE_S`` for its stage pods (the chart sets
+    both from ``imagePullGraceSeconds``)."""
     workers: Annotated[int, msgspec.Meta(ge=1, le=256)] = 32
     """Nodes reconciled concurrently. A long wait never occupies a worker (it is a requeue),
     so this bounds only the API calls in flight. At 10,000 nodes 16 were all busy the whole

@@ -36,6 +36,7 @@ publishing is the shell's job (``services.drainer.service``).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ from msgspec.structs import replace
 
 from services.drainer import filters
 from services.drainer.filters import EvictionResult, PdbInfo, PodInfo
-from shared import api, events, nodestate, progress, reasons, recovery
+from shared import api, events, nodestate, pods as own_pods, progress, reasons, recovery
 from shared.decisions import Keep, NodeDecision, RecordChange, Remove, Write
 from shared.events import ObjectRef, Reason
 from shared.progress import NodeFacts
@@ -245,6 +246,7 @@ def decide(
     now: datetime,
     eviction_retry_s: float = 5.0,
     deletion_poll_s: float = 5.0,
+    image_pull_grace_s: float = 120.0,
     source: str = "drainer",
     requests: nodestate.Requests | None = None,
 ) -> Decision:
@@ -277,6 +279,11 @@ def decide(
         return Decision()  # started drains resume when the CR is let go again
     if rec is None:
         return _cordon(ctx, node, others, honoured=requests.latest)
+    if progress.stale_pull_failure(cr, node):
+        # The images that did not pull are no longer the spec's: a fix. The drain starts over
+        # (nothing was evicted) and pulls the new ones first.
+        restarted = replace(rec, phase="cordoned", started=ctx.now, since=ctx.now, reason=None)
+        return Decision(write=NodeWrite(record=Write(restarted)), requeue_after=0.0)
     if rec.phase not in _ACTIVE:
         return Decision()
     if not node.unschedulable:
@@ -285,6 +292,10 @@ def decide(
     protected = filters.protected_pods(pods, cr.spec.pod_non_interrupt_labels)
     if protected:
         return _wait(ctx, rec, protected, cr.spec.drain.protected_pods_timeout_seconds)
+    if rec.phase in ("cordoned", "waiting"):
+        pulling = _pull_gate(ctx, rec, cr, node, pods, image_pull_grace_s, requests.latest + 1)
+        if pulling is not None:
+            return pulling
     return _drain(
         ctx,
         rec,
@@ -353,14 +364,20 @@ def _wait(
         objects=_listed([p.ref for p in protected]),
         details={"pods": str(len(protected))},
     )
+    # Pod changes on the node re-queue the key; the timer only enforces a deadline if set.
+    return _waiting(ctx, rec, reason, remaining)
+
+
+def _waiting(ctx: _Ctx, rec: DrainRecord, reason: Reason, again: float | None) -> Decision:
+    """``rec`` waiting for ``reason``: written and said (``node.waiting``) when the reason
+    is new, nothing when it is the same; look again after ``again`` seconds."""
     new = _moved(rec, "waiting", ctx.now, reason=reason)
     if new == rec:
-        return Decision(requeue_after=remaining)
+        return Decision(requeue_after=again)
     publish: tuple[events.Event, ...] = ()
     if rec.phase != "waiting" or rec.reason != reason:
         publish = (ctx.event(events.NodeWaiting, "waiting", _digest(reason), reason=reason),)
-    # Pod changes on the node re-queue the key; the timer only enforces a deadline if set.
-    return Decision(write=NodeWrite(record=Write(new)), publish=publish, requeue_after=remaining)
+    return Decision(write=NodeWrite(record=Write(new)), publish=publish, requeue_after=again)
 
 
 def _protected_timeout(
@@ -385,6 +402,90 @@ def _protected_timeout(
             ),
         ),
     )
+
+
+def _pull_gate(
+    ctx: _Ctx,
+    rec: DrainRecord,
+    cr: api.NodeWright,
+    node: NodeFacts,
+    pods: Sequence[PodInfo],
+    grace_s: float,
+    attempt: int,
+) -> Decision | None:
+    """With ``spec.drain.prePullImages``, before anything is evicted: wait (ImagesPulling)
+    until the executor's pod has pulled the package images onto the node; fail the drain
+    with the pod's own reason (ImagePullFailed naming the image, ImageVolumeUnsupported,
+    ContainerCreateFailed) when one does not come within ``grace_s``. None: drain now."""
+    pulls = progress.pull_images(cr, node)
+    if not pulls:
+        return None
+    images = sorted({image for _, image in pulls})
+    name = own_pods.pull_pod_name(cr=ctx.cr, node=ctx.node, images=images, attempt=attempt)
+    pod = next(
+        (p.pull for p in pods if p.pull is not None and p.name == name and not p.terminating),
+        None,
+    )
+    if pod is not None and pod.phase == "Succeeded":
+        return None
+    failure: Reason | None = None
+    again: float | None = None
+    if pod is not None:
+        # The grace counts from this drain's start too: a drain reset or retried (which
+        # restarts it) gives the pull its whole grace again.
+        since = max(pod.created or rec.started, rec.started)
+        pod = dataclasses.replace(pod, created=since)
+        failure = own_pods.start_failure(pod, now=ctx.now, grace_s=grace_s)
+        if failure is not None and failure.code == reasons.IMAGE_PULL_FAILED:
+            # Its own way out: nothing ran, and the drain (not a stage) is what failed.
+            failure = replace(
+                failure,
+                message=_clip(
+                    f"cannot pull image {pod.image} onto the node before its drain "
+                    f"({pod.waiting_reason}: {pod.waiting_message}); nothing was evicted: "
+                    "correct the image in the package's spec (the drain starts over by "
+                    "itself) or, for a missing image or pull secret, run `nodewright node "
+                    "retry` once it is fixed"
+                ),
+            )
+        if failure is None and pod.phase == "Failed":
+            failure = Reason(
+                code=reasons.IMAGE_PULL_FAILED,
+                message=_clip(f"pod {name} pulling {_names(images)} failed: {pod.message}"),
+                objects=(ObjectRef(kind="Pod", name=name),),
+                details={"pod": name},
+            )
+        if failure is not None:
+            pulled = {progress.PULL_IMAGES_DETAIL: own_pods.pull_version(images)}
+            failure = replace(failure, details={**failure.details, **pulled})
+        if failure is None and (pod.image_pull_failed or pod.waiting_reason):
+            # Nothing changes on a pod backing off: look again when its grace is over.
+            again = max(grace_s - (ctx.now - since).total_seconds(), 0.0)
+    if failure is not None:
+        failed = _moved(rec, "failed", ctx.now, reason=failure)
+        return Decision(
+            write=NodeWrite(record=Write(failed)),
+            publish=(
+                ctx.event(
+                    events.DrainFailed,
+                    "pull-failed",
+                    rec.started.isoformat(),
+                    _digest(failure),
+                    reason=failure,
+                ),
+            ),
+        )
+    reason = Reason(
+        code=reasons.IMAGES_PULLING,
+        message=_clip(
+            f"waiting for pod {name} to pull {len(images)} package image(s) onto the node "
+            "before the drain: " + _names(images)
+        ),
+        objects=(ObjectRef(kind="Pod", name=name),),
+        details={"pod": name, "images": str(len(images))},
+    )
+    # The pod's changes (it appears, pulls, ends) re-queue the key.
+    return _waiting(ctx, rec, reason, again)
 
 
 def _blocking_reason(blocking: Sequence[tuple[PodInfo, str]], evicted: int) -> Reason:

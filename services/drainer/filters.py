@@ -41,6 +41,9 @@ class PodInfo:
     controller_kind: str = ""
     """Kind of the controlling owner (ReplicaSet, DaemonSet ...); "" for an unmanaged pod."""
     empty_dir: bool = False
+    pull: own_pods.PodView | None = None
+    """Of NodeWright's pod pulling package images before the drain (``spec.drain.prePullImages``):
+    what it says of the pull; None for every other pod."""
 
     @property
     def ref(self) -> ObjectRef:
@@ -56,20 +59,34 @@ class PodInfo:
         return self.labels.get(own_pods.LABEL_MANAGED) == own_pods.MANAGED_BY
 
 
+def _pulls(obj: Mapping[str, Any]) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return (
+        labels.get(own_pods.LABEL_MANAGED) == own_pods.MANAGED_BY
+        and labels.get(own_pods.LABEL_ROLE) == "pull"
+    )
+
+
 def slim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """A pod reduced to what :func:`pod_info` reads (the informer keeps only this in memory)."""
+    """A pod reduced to what :func:`pod_info` reads (the informer keeps only this in memory);
+    a pull pod keeps what :func:`shared.pods.view` reads of its pull too."""
     meta = obj.get("metadata") or {}
+    owners = [
+        {"kind": o.get("kind", ""), "name": o.get("name", ""), "controller": True}
+        for o in meta.get("ownerReferences") or ()
+        if o.get("controller")
+    ]
+    if _pulls(obj):
+        pull = own_pods.slim(obj)
+        if owners:
+            pull["metadata"]["ownerReferences"] = owners
+        return pull
     spec = obj.get("spec") or {}
     keep = ("name", "namespace", "uid", "resourceVersion", "labels", "deletionTimestamp")
     slim_meta: dict[str, Any] = {k: meta[k] for k in keep if k in meta}
     annotations = meta.get("annotations") or {}
     if MIRROR_ANNOTATION in annotations:
         slim_meta["annotations"] = {MIRROR_ANNOTATION: annotations[MIRROR_ANNOTATION]}
-    owners = [
-        {"kind": o.get("kind", ""), "name": o.get("name", ""), "controller": True}
-        for o in meta.get("ownerReferences") or ()
-        if o.get("controller")
-    ]
     if owners:
         slim_meta["ownerReferences"] = owners
     volumes = [
@@ -98,6 +115,7 @@ def pod_info(obj: Mapping[str, Any]) -> PodInfo:
         mirror=MIRROR_ANNOTATION in (meta.get("annotations") or {}),
         controller_kind=str(controller.get("kind") or "") if controller else "",
         empty_dir=any(v.get("emptyDir") is not None for v in spec.get("volumes") or ()),
+        pull=own_pods.view(obj) if _pulls(obj) else None,
     )
 
 

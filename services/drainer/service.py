@@ -209,6 +209,7 @@ class Drainer:
                 pods=pods,
                 now=self.ctx.clock(),
                 eviction_retry_s=self.settings.eviction_retry_s,
+                image_pull_grace_s=self.settings.image_pull_grace_s,
                 deletion_poll_s=self.settings.deletion_poll_s,
                 source=self.publisher.source,
             )

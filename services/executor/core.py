@@ -41,6 +41,10 @@ publish. Rules:
   the validator have honoured the same requests, so a reset never runs stages on a node
   about to be drained again, nor finishes before its validation was forgotten.
 
+- With ``spec.drain.prePullImages`` a node the drainer has gets a pod that pulls the images
+  of its packages with work left (:func:`_pull`); the drainer waits for it before it evicts
+  anything, and it goes once the drain is over.
+
 - Package ConfigMaps (one per configuration of a package, named by its digest) that no
   NodeWright wants any more and no pod mounts are deleted (:func:`sweep_config_maps`), once
   they were so at two sweeps in a row; a deleted NodeWright's go with it (owner reference).
@@ -997,6 +1001,34 @@ def forget(node: NodeFacts, cr: str) -> Decision:
     return Decision(record=Remove())
 
 
+def _pull(w: _Work, mine: Sequence[PodView], *, attempt: int) -> None:
+    """With ``spec.drain.prePullImages``, the pod pulling the package images onto a node
+    the drainer has (admitted, not drained yet; the drainer waits for it before it evicts
+    anything): made once per recovery request (``attempt``), kept while the drain lasts,
+    then deleted like any pod nothing keeps (a failed one too: a retry makes a new one)."""
+    pulls = progress.pull_images(w.cr, w.node)
+    if not pulls:
+        return
+    images = [image for _, image in pulls]
+    name = pods.pull_pod_name(
+        cr=w.cr.metadata.name, node=w.node.name, images=images, attempt=attempt
+    )
+    w.keep.add(name)
+    if any(p.name == name for p in mine) or w.cr.paused or w.cr.disabled:
+        return  # one being deleted is made again once it is gone (its delete wakes the key)
+    w.start(
+        PodRequest(
+            role="pull",
+            package="",
+            stage=pods.PULL_STAGE,
+            version=pods.pull_version(images),
+            attempt=attempt,
+            name=name,
+            pulls=pulls,
+        )
+    )
+
+
 def _reached(cr: api.NodeWright, node: NodeFacts, node_pods: Sequence[PodView]) -> dict[str, str]:
     """By running package, the stage its pod has reached past the record's stage (a
     segment pod runs the stages after its first without a write)."""
@@ -1105,6 +1137,8 @@ def decide(
     if turn in ("executor", "failed"):
         _packages(w, desired, pods_by, image_pull_grace_s, may_start)
         _interrupt(w, desired, pods_by, image_pull_grace_s, may_start)
+    elif turn == "drainer":
+        _pull(w, mine, attempt=requests.latest + 1)
     gone = [p for p in mine if p.name not in w.keep and not p.deleting]
     for name in {p.name for p in gone}:
         # Said before the pod goes (the shell holds the delete until the stream holds

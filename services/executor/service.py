@@ -86,7 +86,7 @@ class Executor:
         )
         self.pods: Informer = c.watch(
             path_of(plural="pods", namespace=ctx.settings.namespace),
-            label_selector=pods.selector("stage", "interrupt"),
+            label_selector=pods.selector("stage", "interrupt", "pull"),
             to_keys=self.pod_index.to_keys,
             also=self.pod_index.on_change,
             name="pods",
@@ -212,9 +212,10 @@ class Executor:
         bodies: list[JSON] = []
         seen = nodemetadata.text(cr, raw_node) if decision.create else ""
         for req in decision.create:
-            if req.role == "interrupt":
+            if req.role in ("pull", "interrupt"):
+                build = manifests.pull_pod if req.role == "pull" else manifests.interrupt_pod
                 bodies.append(
-                    manifests.interrupt_pod(
+                    build(
                         req,
                         cr=cr,
                         node=node_name,

@@ -15,7 +15,7 @@ from nodewright import manifests
 from nodewright.rig import Rig, nodes
 from shared import api, nodestate, pods, progress
 from shared.kube import ApiError, Kube, path_of
-from tests.e2e.conftest import NODES, Sampler, Services, read_cr
+from tests.e2e.conftest import NODES, Sampler, Services, pod_ledger, read_cr
 from tests.helpers.cli import cli
 from tests.helpers.waiting import eventually
 
@@ -536,3 +536,74 @@ async def test_cordons_of_others_survive_and_two_crs_do_not_uncordon_each_others
         assert not (await _node(kapi, name))["spec"].get("unschedulable"), name
     status = await _cli(rig, "node", "status", "gpu-00")
     assert "someone else cordoned it" in status
+
+
+async def test_pre_pulled_images_come_before_the_drain_and_one_that_does_not_pull_evicts_nothing(
+    rig: Rig, cluster: Kube, services: Services
+) -> None:
+    """``spec.drain.prePullImages``: each admitted node gets a pod that pulls its package
+    images; the drain waits for it. On gpu-01 the image does not pull (the kwok rig's
+    pull-error wish): the node fails with ImagePullFailed naming the image while its
+    workload pod still runs, evicted by nothing; gpu-00 completes. Once the image pulls,
+    ``nodewright node retry`` completes gpu-01, and no pull pod is left."""
+    kapi, ns = cluster, services.namespace
+    names = await nodes.create_nodes(kapi, ["gpu-00", "gpu-01"], labels=GPU)
+    await nodes.wait_ready(kapi, names)
+    for node in names:
+        await kapi.create(
+            path_of(plural="pods", namespace=ns),
+            {
+                "metadata": {"name": f"work-{node}"},
+                "spec": {
+                    "nodeName": node,
+                    "containers": [{"name": "c", "image": "registry.example/app:1"}],
+                },
+            },
+        )
+    pull = f"{SIM}/image-pull-error"
+    await kapi.patch(f"{NODES}/gpu-01", {"metadata": {"annotations": {pull: "tuning"}}})
+    work_01 = await _pod_uid(kapi, ns, "work-gpu-01")
+    assert work_01 is not None
+    services.fleet.extra_env["NODEWRIGHT_DRAINER_IMAGE_PULL_GRACE_S"] = "3"
+    await asyncio.to_thread(services.fleet.start_all)
+    async with pod_ledger(kapi, ns) as ledger:
+        await manifests.apply(
+            kapi, _cr("prepull", 2, drain={"prePullImages": True, "unmanagedPods": "Evict"})
+        )
+
+        async def failed_on_its_image() -> api.NodeDetail | None:
+            d = await _detail(kapi, "prepull", "gpu-01")
+            return d if d is not None and d.state == "Failed" else None
+
+        detail = await eventually(failed_on_its_image, timeout_s=90, what="gpu-01 to fail")
+        assert detail is not None
+        assert detail.reason == "ImagePullFailed"
+        assert "registry.example/tuning:1.0.0" in detail.message
+        facts = progress.facts(await _node(kapi, "gpu-01"), "prepull")
+        assert facts.drain is not None
+        assert facts.drain.phase == "failed", "the drain failed, before evicting"
+        assert await _pod_uid(kapi, ns, "work-gpu-01") == work_01, "its workload still runs"
+
+        async def gpu00_done() -> bool:
+            return (await _turns(kapi, "prepull"))["gpu-00"] == "done"
+
+        await eventually(gpu00_done, timeout_s=120, interval_s=1, what="gpu-00 to complete")
+        assert await _pod_uid(kapi, ns, "work-gpu-00") is None, "gpu-00 was drained"
+        assert await _pod_uid(kapi, ns, "work-gpu-01") == work_01
+        assert {p.node for p in ledger.of_role("pull", "pull")} == {"gpu-00", "gpu-01"}
+        assert {p.node for p in ledger.of_role("stage")} == {"gpu-00"}, "gpu-01 ran nothing"
+
+        await _unannotate(kapi, "gpu-01", pull)
+        out = await _cli(rig, "node", "retry", "gpu-01")
+        assert "the drain (ImagePullFailed) starts again with a fresh timeout" in out
+
+        async def all_done() -> bool:
+            return set((await _turns(kapi, "prepull")).values()) == {"done"}
+
+        await eventually(all_done, timeout_s=120, interval_s=1, what="gpu-01 to recover")
+    assert await _pod_uid(kapi, ns, "work-gpu-01") is None, "drained once its image pulled"
+
+    async def no_pull_pods() -> bool:
+        return await _pods_of(kapi, ns, f"{pods.LABEL_ROLE}=pull") == []
+
+    await eventually(no_pull_pods, timeout_s=60, what="the pull pods to go")

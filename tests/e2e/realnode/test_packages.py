@@ -25,10 +25,10 @@ import pytest
 
 from nodewright import manifests, package_image
 from nodewright.rig import Rig
-from nodewright.rig.realnode import RealNode
+from nodewright.rig.realnode import PAUSE_IMAGE, RealNode
 from shared import api, pods, progress
 from shared.events import Reason
-from shared.kube import Kube, path_of
+from shared.kube import ApiError, Kube, path_of
 from shared.records.executor import ExecutorRecord
 from tests.e2e.conftest import NODES, Services, read_cr
 from tests.helpers.cli import cli
@@ -856,3 +856,108 @@ async def test_depends_on_runs_a_package_after_its_dependency_is_installed_on_th
     assert {n: (r.installed, r.attempt) for n, r in rec.items()} == dict.fromkeys(
         images, ("1.0.0", 1)
     )
+
+
+@pytest.mark.parametrize(
+    ("node_fixture", "pool", "staging"),
+    [("real_node", "real", "image-volume"), ("legacy_node", "legacy", "copy")],
+    ids=["containerd-2-image-volume", "containerd-1.6-copy"],
+)
+async def test_pre_pulled_images_are_on_the_node_before_its_workload_is_evicted(
+    node_fixture: str,
+    pool: str,
+    staging: str,
+    request: pytest.FixtureRequest,
+    rig: Rig,
+    cluster: Kube,
+    services: Services,
+    tmp_path: Path,
+) -> None:
+    """``spec.drain.prePullImages`` on a real kubelet pulling from the rig's registry: one of
+    two package images is not in the registry yet, so the drain fails with ImagePullFailed
+    naming it, as the node's containerd reports it, while the node's workload keeps running;
+    once it is pushed, ``nodewright node retry`` pulls it with a new pod, and only then is the
+    workload evicted and the packages run, from images already on the node."""
+    kapi, ns = cluster, services.namespace
+    node = request.getfixturevalue(node_fixture)
+    assert isinstance(node, RealNode)
+    assert rig.registry is not None
+    cr = f"prepull-{pool}"
+    images = {n: f"{rig.registry}/packages/{cr}-{n}" for n in ("first", "second")}
+    built = {}
+    for sub in ("1", "2"):
+        (tmp_path / sub).mkdir()
+    for name in images:
+        step = f"#!/bin/sh\necho {name} > /etc/nw-{cr}-{name}\n"
+        stages = {
+            "apply": {
+                "steps": [{"name": name, "path": "s.sh"}],
+                "check": [{"name": "ok", "path": "ok.sh"}],
+            }
+        }
+        built[name] = _package(
+            tmp_path, name, "1.0.0", stages=stages, steps={"s.sh": step, "ok.sh": OK_SH}
+        )
+    await asyncio.to_thread(_push, rig, built["first"], f"{images['first']}:1.0.0", tmp_path / "1")
+    workload = {
+        "metadata": {"name": f"work-{pool}"},
+        "spec": {
+            "nodeName": node.name,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "c", "image": PAUSE_IMAGE, "imagePullPolicy": "IfNotPresent"}],
+        },
+    }
+    created = await kapi.create(path_of(plural="pods", namespace=ns), workload)
+    path = path_of(plural="pods", namespace=ns, name=f"work-{pool}")
+
+    async def running() -> bool:
+        return bool((await kapi.get(path)).get("status", {}).get("phase") == "Running")
+
+    await eventually(running, timeout_s=60, what="the workload to run")
+    services.fleet.extra_env["NODEWRIGHT_PODS_PACKAGE_STAGING"] = staging
+    services.fleet.extra_env["NODEWRIGHT_DRAINER_IMAGE_PULL_GRACE_S"] = "5"
+    await asyncio.to_thread(services.fleet.start_all)
+    spec = _cr(
+        cr,
+        {n: {"version": "1.0.0", "image": image} for n, image in images.items()},
+        drain={"prePullImages": True, "unmanagedPods": "Evict"},
+    )
+    spec["spec"]["nodeSelectors"] = {"matchLabels": {"nodepool": pool}}
+    await manifests.apply(kapi, spec)
+
+    async def pull_failed() -> Reason | Pending:
+        facts = progress.facts(await kapi.get(f"{NODES}/{node.name}"), cr)
+        if facts.drain is not None and facts.drain.phase == "failed" and facts.drain.reason:
+            return facts.drain.reason
+        return Pending(f"drain record {facts.drain}")
+
+    reason = await eventually(pull_failed, timeout_s=120, what="the drain to fail on the pull")
+    assert reason.code == "ImagePullFailed", reason
+    assert reason.details["image"] == f"{images['second']}:1.0.0", reason
+    assert "nothing was evicted" in reason.message
+    still = await kapi.get(path)
+    assert still["metadata"]["uid"] == created["metadata"]["uid"]
+    assert still["status"]["phase"] == "Running"
+    assert not still["metadata"].get("deletionTimestamp"), "the workload was not evicted"
+
+    await asyncio.to_thread(
+        _push, rig, built["second"], f"{images['second']}:1.0.0", tmp_path / "2"
+    )
+    done = await cli(rig, "node", "retry", node.name, "--nodewright", cr)
+    assert done.code == 0, done.err
+    await _wait_ready(kapi, cr, "the packages after their images were pulled")
+    on_node = node.ctr("images", "list", "-q").split()
+    assert {f"{image}:1.0.0" for image in images.values()} <= set(on_node)
+    for name in images:
+        assert _host(node, f"/etc/nw-{cr}-{name}").read_text() == f"{name}\n"
+    with pytest.raises(ApiError) as gone:
+        await kapi.get(path)
+    assert gone.value.not_found, "evicted once the images were on the node"
+
+    async def no_pull_pods() -> bool:
+        listed = await kapi.get(
+            path_of(plural="pods", namespace=ns), labelSelector=f"{pods.LABEL_ROLE}=pull"
+        )
+        return not listed["items"]
+
+    await eventually(no_pull_pods, timeout_s=60, what="the pull pods to go")
