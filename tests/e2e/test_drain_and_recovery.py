@@ -562,6 +562,9 @@ async def test_pre_pulled_images_come_before_the_drain_and_one_that_does_not_pul
         )
     pull = f"{SIM}/image-pull-error"
     await kapi.patch(f"{NODES}/gpu-01", {"metadata": {"annotations": {pull: "tuning"}}})
+    # gpu-00's pods (its pull too) take 8 s: long enough to see it wait for the pull.
+    slow = {f"{SIM}/stage-duration": "8s"}
+    await kapi.patch(f"{NODES}/gpu-00", {"metadata": {"annotations": slow}})
     work_01 = await _pod_uid(kapi, ns, "work-gpu-01")
     assert work_01 is not None
     services.fleet.extra_env["NODEWRIGHT_DRAINER_IMAGE_PULL_GRACE_S"] = "3"
@@ -570,6 +573,18 @@ async def test_pre_pulled_images_come_before_the_drain_and_one_that_does_not_pul
         await manifests.apply(
             kapi, _cr("prepull", 2, drain={"prePullImages": True, "unmanagedPods": "Evict"})
         )
+
+        async def pulling() -> api.NodeDetail | None:
+            d = await _detail(kapi, "prepull", "gpu-00")
+            return d if d is not None and d.reason == "ImagesPulling" else None
+
+        # What a person sees meanwhile: the node waits, saying for what, and nothing left.
+        waits = await eventually(pulling, timeout_s=60, what="gpu-00 to wait for its pull")
+        assert waits is not None
+        assert "registry.example/tuning:1.0.0" in waits.message
+        assert await _pod_uid(kapi, ns, "work-gpu-00") is not None
+        status = await _cli(rig, "node", "status", "gpu-00", "--nodewright", "prepull")
+        assert "ImagesPulling" in status, status
 
         async def failed_on_its_image() -> api.NodeDetail | None:
             d = await _detail(kapi, "prepull", "gpu-01")
