@@ -284,6 +284,40 @@ def _times(duration: str, n: int) -> str:
     return f"{n * float(m.group(1)):g}s" if m else duration
 
 
+def _identity(req: PodRequest, node: str) -> dict[str, str]:
+    """The annotations saying what a pod of ours runs where (``shared.pods.view`` reads them)."""
+    return {
+        pods.ANN_NODE: node,
+        pods.ANN_VERSION: req.version,
+        pods.ANN_ATTEMPT: str(req.attempt),
+    }
+
+
+def _pod(
+    req: PodRequest,
+    *,
+    cr: api.NodeWright,
+    settings: PodSettings,
+    annotations: Mapping[str, str],
+    spec: dict[str, Any],
+) -> dict[str, Any]:
+    """A pod of ours: ``req``'s name and labels, owned by the NodeWright (gone with it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": req.name,
+            "namespace": settings.namespace,
+            "labels": pods.labels(
+                cr=cr.metadata.name, role=req.role, package=req.package, stage=req.stage
+            ),
+            "annotations": dict(annotations),
+            "ownerReferences": [owner_reference(cr)],
+        },
+        "spec": spec,
+    }
+
+
 def manifest(
     req: PodRequest,
     *,
@@ -298,12 +332,7 @@ def manifest(
 ) -> dict[str, Any]:
     """The pod running the agent once per item of ``runs`` (container name, arguments,
     environment), in order: all but the last as init containers."""
-    name = req.name
-    annotations = {
-        pods.ANN_NODE: node,
-        pods.ANN_VERSION: req.version,
-        pods.ANN_ATTEMPT: str(req.attempt),
-    }
+    annotations = _identity(req, node)
     if req.cycle:
         annotations[pods.ANN_CYCLE] = req.cycle
     if req.role == "stage":
@@ -383,20 +412,7 @@ def manifest(
         spec["imagePullSecrets"] = [{"name": n} for n in settings.image_pull_secrets]
     if req.desired is not None and req.desired.spec.graceful_shutdown_seconds is not None:
         spec["terminationGracePeriodSeconds"] = req.desired.spec.graceful_shutdown_seconds
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": settings.namespace,
-            "labels": pods.labels(
-                cr=cr.metadata.name, role=req.role, package=req.package, stage=req.stage
-            ),
-            "annotations": annotations,
-            "ownerReferences": [owner_reference(cr)],
-        },
-        "spec": spec,
-    }
+    return _pod(req, cr=cr, settings=settings, annotations=annotations, spec=spec)
 
 
 def stage_pod(
@@ -492,11 +508,7 @@ def pull_pod(
     needs no shell in a package image; unlike them it mounts nothing of the host, runs
     unprivileged and is done in the time the pulls take (the drainer waits for it)."""
     images = sorted({image for _, image in req.pulls})
-    annotations = {
-        pods.ANN_NODE: node,
-        pods.ANN_VERSION: req.version,
-        pods.ANN_ATTEMPT: str(req.attempt),
-    }
+    annotations = _identity(req, node)
     if settings.simulate:
         wish = node_annotations.get(SIM_IMAGE_PULL_ERROR, "")
         failing = [img for pkg, img in req.pulls if wish and _names_package(wish, pkg)]
@@ -558,17 +570,4 @@ def pull_pod(
         spec["initContainers"] = init
     if settings.image_pull_secrets:
         spec["imagePullSecrets"] = [{"name": n} for n in settings.image_pull_secrets]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": req.name,
-            "namespace": settings.namespace,
-            "labels": pods.labels(
-                cr=cr.metadata.name, role="pull", package="", stage=pods.PULL_STAGE
-            ),
-            "annotations": annotations,
-            "ownerReferences": [owner_reference(cr)],
-        },
-        "spec": spec,
-    }
+    return _pod(req, cr=cr, settings=settings, annotations=annotations, spec=spec)
